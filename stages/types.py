@@ -1,0 +1,143 @@
+"""Validated records that stages exchange (never loose tuples).
+
+Shapes are documented on each field; constructors validate them and raise
+``ValueError("expected (N, 4), got (3,)")`` style errors. Arrays here are host numpy
+arrays: device tensors stay inside a stage.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+import numpy as np
+
+
+def _check(name: str, array: np.ndarray, shape: tuple[int | None, ...]) -> None:
+    ok = array.ndim == len(shape) and all(s is None or s == a for s, a in zip(shape, array.shape))
+    if not ok:
+        want = "(" + ", ".join("N" if s is None else str(s) for s in shape) + ")"
+        raise ValueError(f"{name}: expected {want}, got {tuple(array.shape)}")
+
+
+@dataclass
+class Frame:
+    """One decoded frame and where it came from.
+
+    image: (H, W, 3) uint8 RGB. pts is in units of time_base (None when the source has no clock).
+    capture_ns: wall clock (time.time_ns) when the frame was captured or decoded.
+    """
+
+    index: int
+    image: np.ndarray
+    pts: int | None
+    time_base: Fraction | None
+    capture_ns: int
+    source_id: str = "src"
+
+    def __post_init__(self) -> None:
+        _check("Frame.image", self.image, (None, None, 3))
+        if self.image.dtype != np.uint8:
+            raise ValueError(f"Frame.image: expected uint8, got {self.image.dtype}")
+
+    @property
+    def height(self) -> int:
+        return int(self.image.shape[0])
+
+    @property
+    def width(self) -> int:
+        return int(self.image.shape[1])
+
+
+@dataclass
+class Detections:
+    """People found in one frame.
+
+    boxes: (N, 4) float32 xyxy pixels; scores: (N,) float32; track_ids: (N,) int64, -1 when untracked.
+    """
+
+    boxes: np.ndarray
+    scores: np.ndarray
+    track_ids: np.ndarray
+
+    def __post_init__(self) -> None:
+        self.boxes = np.asarray(self.boxes, dtype=np.float32)
+        if self.boxes.size == 0:
+            self.boxes = self.boxes.reshape(0, 4)
+        self.scores = np.asarray(self.scores, dtype=np.float32)
+        self.track_ids = np.asarray(self.track_ids, dtype=np.int64)
+        _check("Detections.boxes", self.boxes, (None, 4))
+        n = len(self.boxes)
+        _check("Detections.scores", self.scores, (n,))
+        _check("Detections.track_ids", self.track_ids, (n,))
+
+    @classmethod
+    def empty(cls) -> Detections:
+        return cls(np.zeros((0, 4), np.float32), np.zeros((0,), np.float32), np.zeros((0,), np.int64))
+
+    def __len__(self) -> int:
+        return len(self.boxes)
+
+
+@dataclass
+class Keypoints:
+    """Whole-body keypoints of the persons of one frame, in image pixels.
+
+    xy: (N, K, 2) float32; scores: (N, K) float32 (raw heatmap maxima).
+    """
+
+    xy: np.ndarray
+    scores: np.ndarray
+
+    def __post_init__(self) -> None:
+        self.xy = np.asarray(self.xy, dtype=np.float32)
+        self.scores = np.asarray(self.scores, dtype=np.float32)
+        _check("Keypoints.xy", self.xy, (None, None, 2))
+        _check("Keypoints.scores", self.scores, self.xy.shape[:2])
+
+    @classmethod
+    def empty(cls, num_keypoints: int = 308) -> Keypoints:
+        return cls(np.zeros((0, num_keypoints, 2), np.float32), np.zeros((0, num_keypoints), np.float32))
+
+    def __len__(self) -> int:
+        return len(self.xy)
+
+
+@dataclass
+class Matte:
+    """alpha: (H, W) float32 in [0, 1]; foreground: (H, W, 3) float32 premultiplied RGB in [0, 1]."""
+
+    alpha: np.ndarray
+    foreground: np.ndarray
+
+    def __post_init__(self) -> None:
+        _check("Matte.alpha", self.alpha, (None, None))
+        _check("Matte.foreground", self.foreground, (*self.alpha.shape, 3))
+
+
+@dataclass
+class FrameResult:
+    """Everything the stages produced for one frame; sinks consume this.
+
+    seg: (H, W) uint8 class ids or None; latency_ms: per-stage milliseconds.
+    """
+
+    frame: Frame
+    detections: Detections = field(default_factory=Detections.empty)
+    keypoints: Keypoints | None = None
+    seg: np.ndarray | None = None
+    matte: Matte | None = None
+    normals: np.ndarray | None = None
+    pointmap: np.ndarray | None = None
+    annotated: np.ndarray | None = None
+    latency_ms: dict[str, float] = field(default_factory=dict)
+    drops: dict[str, int] = field(default_factory=dict)
+    random_weights: bool = False
+
+    def __post_init__(self) -> None:
+        if self.seg is not None:
+            _check("FrameResult.seg", self.seg, (self.frame.height, self.frame.width))
+        if self.keypoints is not None and len(self.keypoints) != len(self.detections):
+            raise ValueError(
+                f"FrameResult: {len(self.keypoints)} keypoint sets for {len(self.detections)} detections"
+            )
