@@ -1,0 +1,271 @@
+"""Sapiens2 in plain PyTorch: ViT backbone (RoPE, QK-norm, GQA, SwiGLU) and the task heads.
+
+Module and parameter names follow the ORIGINAL Sapiens2 checkpoints (``backbone.blocks.N.attn.wq``,
+``ffn.w12``, ``decode_head.deconv_layers.0`` ...), so loading is a strict ``load_state_dict`` after a
+small remap (see ``weights.remap``). No I/O here.
+
+Precision: ``Sapiens2.set_precision(torch.float16)`` keeps the residual stream, every RMSNorm, the
+attention softmax (inside SDPA) and the instance norms in float32 while the matmuls run in half
+precision, so activations beyond the fp16 range never overflow. In bfloat16 and float32 the
+residual stream stays in the weights' dtype.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .config import Sapiens2Config
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: Tensor, out_dtype: torch.dtype | None = None) -> Tensor:
+        out_dtype = out_dtype or x.dtype
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.weight.dtype == out_dtype:  # as the reference: cast, then scale
+            return self.weight * xf.to(out_dtype)
+        return (self.weight.float() * xf).to(out_dtype)  # fp16-safe mode: float32 weights
+
+
+class LayerScale(nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * self.weight.to(x.dtype)
+
+
+def rope_tables(grid_h: int, grid_w: int, head_dim: int, base: float, device: torch.device) -> tuple[Tensor, Tensor]:
+    """cos/sin (P, head_dim) for patch centres normalised to [-1, 1] per axis; y frequencies first."""
+    inv_freq = 1.0 / base ** torch.arange(0, 1, 4 / head_dim, dtype=torch.float32, device=device)  # (hd/4,)
+    ys = (torch.arange(0.5, grid_h, dtype=torch.float32, device=device) / grid_h) * 2 - 1
+    xs = (torch.arange(0.5, grid_w, dtype=torch.float32, device=device) / grid_w) * 2 - 1
+    coords = torch.stack(torch.meshgrid(ys, xs, indexing="ij"), dim=-1).flatten(0, 1)  # (P, 2)
+    angles = (2 * math.pi * coords[:, :, None] * inv_freq[None, None, :]).flatten(1, 2)  # (P, hd/2)
+    angles = angles.tile(2)  # (P, hd)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, num_prefix: int) -> Tensor:
+    """Rotate the patch tokens of x (B, H, T, hd); CLS and register tokens pass through."""
+    prefix, patches = x[:, :, :num_prefix], x[:, :, num_prefix:]
+    half = patches.shape[-1] // 2
+    rotated = torch.cat((-patches[..., half:], patches[..., :half]), dim=-1)
+    patches = patches * cos + rotated * sin
+    return torch.cat((prefix, patches), dim=2)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: Sapiens2Config, num_kv_heads: int) -> None:
+        super().__init__()
+        d, hd = cfg.hidden_size, cfg.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, num_kv_heads, hd
+        self.num_prefix = cfg.num_prefix_tokens
+        self.fused = cfg.fuse_qkv
+        kv_dim = num_kv_heads * hd
+        if self.fused:
+            # Missing q/k/v biases are zero-filled at load time so one GEMM serves all three.
+            any_bias = cfg.query_bias or cfg.key_bias or cfg.value_bias
+            self.wqkv = nn.Linear(d, d + 2 * kv_dim, bias=any_bias)
+        else:
+            self.wq = nn.Linear(d, d, bias=cfg.query_bias)
+            self.wk = nn.Linear(d, kv_dim, bias=cfg.key_bias)
+            self.wv = nn.Linear(d, kv_dim, bias=cfg.value_bias)
+        self.q_norm = RMSNorm(hd, cfg.rms_norm_eps) if cfg.use_qk_norm else None
+        self.k_norm = RMSNorm(hd, cfg.rms_norm_eps) if cfg.use_qk_norm else None
+        self.proj = nn.Linear(d, d, bias=cfg.proj_bias)
+        self.gamma = LayerScale(d)
+
+    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor]) -> Tensor:
+        b, t, d = x.shape
+        if self.fused:
+            kv_dim = self.num_kv_heads * self.head_dim
+            q, k, v = self.wqkv(x).split((d, kv_dim, kv_dim), dim=-1)
+        else:
+            q, k, v = self.wq(x), self.wk(x), self.wv(x)
+        q = q.view(b, t, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, T, hd)
+        k = k.view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, hd)
+        v = v.view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        cos, sin = rope
+        q = apply_rope(q, cos.to(q.dtype), sin.to(q.dtype), self.num_prefix)
+        k = apply_rope(k, cos.to(k.dtype), sin.to(k.dtype), self.num_prefix)
+        out = F.scaled_dot_product_attention(q, k, v, enable_gqa=self.num_kv_heads != self.num_heads)
+        out = out.transpose(1, 2).reshape(b, t, d)  # (B, T, D)
+        return self.proj(out)
+
+
+class SwiGLU(nn.Module):
+    """w12 holds gate and up projections stacked (one GEMM); w3 projects back."""
+
+    def __init__(self, cfg: Sapiens2Config) -> None:
+        super().__init__()
+        self.w12 = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.w3 = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        gate, up = self.w12(x).chunk(2, dim=-1)
+        return self.w3(F.silu(gate) * up)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: Sapiens2Config, num_kv_heads: int) -> None:
+        super().__init__()
+        self.ln1 = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.attn = Attention(cfg, num_kv_heads)
+        self.ln2 = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.ffn = SwiGLU(cfg)
+
+    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], compute_dtype: torch.dtype) -> Tensor:
+        # x is the residual stream (float32 in the fp16-safe mode); branches run in compute_dtype.
+        x = x + self.attn.gamma(self.attn(self.ln1(x, compute_dtype), rope).to(x.dtype))
+        return x + self.ffn(self.ln2(x, compute_dtype)).to(x.dtype)
+
+
+class Backbone(nn.Module):
+    def __init__(self, cfg: Sapiens2Config) -> None:
+        super().__init__()
+        self.cfg = cfg
+        d = cfg.hidden_size
+        self.patch_embed = nn.Module()
+        self.patch_embed.projection = nn.Conv2d(3, d, kernel_size=cfg.patch_size, stride=cfg.patch_size)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, d))
+        self.storage_tokens = nn.Parameter(torch.zeros(1, cfg.num_register_tokens, d))
+        self.blocks = nn.ModuleList(Block(cfg, kv) for kv in cfg.num_key_value_heads_per_layer)
+        self.ln1 = RMSNorm(d, cfg.rms_norm_eps)
+        self.residual_dtype: torch.dtype | None = None  # None: same as the weights
+        self._rope_cache: dict[tuple, tuple[Tensor, Tensor]] = {}
+
+    def rope(self, grid_h: int, grid_w: int, device: torch.device) -> tuple[Tensor, Tensor]:
+        key = (grid_h, grid_w, device)
+        if key not in self._rope_cache:
+            self._rope_cache[key] = rope_tables(grid_h, grid_w, self.cfg.head_dim, self.cfg.rope_theta, device)
+        return self._rope_cache[key]
+
+    def forward_features(self, pixels: Tensor) -> Tensor:
+        """pixels (B, 3, H, W) normalised -> final-normed patch features (B, D, H/16, W/16)."""
+        compute_dtype = self.patch_embed.projection.weight.dtype
+        residual_dtype = self.residual_dtype or compute_dtype
+        b, _, h, w = pixels.shape
+        gh, gw = h // self.cfg.patch_size, w // self.cfg.patch_size
+        patches = self.patch_embed.projection(pixels.to(compute_dtype)).flatten(2).transpose(1, 2)  # (B, P, D)
+        x = torch.cat(
+            (self.cls_token.expand(b, -1, -1), self.storage_tokens.expand(b, -1, -1), patches), dim=1
+        ).to(residual_dtype)  # (B, T, D)
+        rope = self.rope(gh, gw, pixels.device)
+        for block in self.blocks:
+            x = block(x, rope, compute_dtype)
+        x = self.ln1(x, compute_dtype)[:, self.cfg.num_prefix_tokens :]  # (B, P, D)
+        return x.transpose(1, 2).reshape(b, -1, gh, gw)
+
+
+class InstanceNorm(nn.Module):
+    """Affine-free instance norm computed in float32 (safe in fp16)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.instance_norm(x.float(), eps=1e-5).to(x.dtype)
+
+
+def _norm_act() -> list[nn.Module]:
+    return [InstanceNorm(), nn.SiLU()]
+
+
+class Head(nn.Module):
+    """Decode head. Sequential indices reproduce the original key names (deconv_layers.3, ...)."""
+
+    def __init__(self, cfg: Sapiens2Config) -> None:
+        super().__init__()
+        hc = cfg.head
+        assert hc is not None
+        d = cfg.hidden_size
+        self.pixel_shuffle = hc.use_pixel_shuffle
+        if hc.use_pixel_shuffle:
+            self.input_conv = nn.Sequential(nn.Conv2d(d, d, 3, padding=1), *_norm_act())
+            blocks, in_ch = [], d
+            for out_ch, k in zip(hc.upsample_out_channels, hc.upsample_kernel_sizes):
+                blocks.append(
+                    nn.Sequential(nn.Conv2d(in_ch, out_ch * 4, k, padding=(k - 1) // 2), nn.PixelShuffle(2), *_norm_act())
+                )
+                in_ch = out_ch
+            self.upsample_blocks = nn.ModuleList(blocks)
+        else:
+            layers, in_ch = [], d
+            for out_ch, k in zip(hc.upsample_out_channels, hc.upsample_kernel_sizes):
+                layers += [nn.ConvTranspose2d(in_ch, out_ch, k, stride=2, padding=1, bias=False), *_norm_act()]
+                in_ch = out_ch
+            self.deconv_layers = nn.Sequential(*layers)
+        convs = []
+        for out_ch, k in zip(hc.conv_out_channels, hc.conv_kernel_sizes):
+            pad = (k - 1) // 2 if hc.use_pixel_shuffle else 0
+            convs += [nn.Conv2d(in_ch, out_ch, k, padding=pad), *_norm_act()]
+            in_ch = out_ch
+        self.conv_layers = nn.Sequential(*convs)
+        self.predictor = nn.Conv2d(in_ch, cfg.num_labels, 1)
+        if hc.has_scale:
+            scale_layers, s_in = [], d
+            for out_ch, k in zip(hc.scale_conv_out_channels, hc.scale_conv_kernel_sizes):
+                scale_layers += [nn.Conv2d(s_in, out_ch, k, stride=2, padding=(k - 1) // 2), *_norm_act()]
+                s_in = out_ch
+            self.scale_conv_layers = nn.Sequential(*scale_layers)
+            h1, h2 = hc.scale_final_hidden_sizes
+            self.scale_final_layer = nn.Sequential(
+                nn.Flatten(), nn.Linear(hc.scale_final_input_size, h1), nn.SiLU(), nn.Linear(h1, h2), nn.SiLU(),
+                nn.Linear(h2, 1),
+            )
+
+    def forward(self, features: Tensor) -> tuple[Tensor, Tensor | None]:
+        """features (B, D, h, w) -> (maps (B, num_labels, h*f, w*f), scale (B, 1) or None)."""
+        x = features
+        if self.pixel_shuffle:
+            x = self.input_conv(x)
+            for block in self.upsample_blocks:
+                x = block(x)
+        else:
+            x = self.deconv_layers(x)
+        maps = self.predictor(self.conv_layers(x))
+        scale = self.scale_final_layer(self.scale_conv_layers(features)) if hasattr(self, "scale_final_layer") else None
+        return maps, scale
+
+
+class Sapiens2(nn.Module):
+    """Backbone + one task head. forward(pixels) returns the raw head output (and scale for pointmap)."""
+
+    def __init__(self, cfg: Sapiens2Config) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.backbone = Backbone(cfg)
+        self.decode_head = Head(cfg)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.backbone.patch_embed.projection.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.backbone.patch_embed.projection.weight.device
+
+    def set_precision(self, dtype: torch.dtype) -> Sapiens2:
+        """Cast once to dtype; in float16 the norm and LayerScale weights stay float32."""
+        keep = {id(p) for m in self.modules() if isinstance(m, RMSNorm | LayerScale) for p in m.parameters()}
+        for param in self.parameters():
+            target = torch.float32 if dtype == torch.float16 and id(param) in keep else dtype
+            param.data = param.data.to(target)
+        self.backbone.residual_dtype = torch.float32 if dtype == torch.float16 else None
+        return self
+
+    def forward(self, pixels: Tensor) -> tuple[Tensor, Tensor | None]:
+        maps, scale = self.decode_head(self.backbone.forward_features(pixels))
+        if self.cfg.task == "matting":
+            maps = maps.sigmoid()  # (B, 4, H, W): premultiplied RGB foreground + alpha
+        return maps, scale

@@ -1,0 +1,129 @@
+"""Pure key remapping between checkpoint layouts. No I/O.
+
+Layouts:
+- ``original``: the published names (``backbone.blocks.N.attn.wq``, ``decode_head.conv_pose``), which
+  both Meta's files and transformers' ``save_pretrained`` use;
+- ``reference``: transformers' in-memory names (``model.embeddings.*``, ``model.model.layer.N.*``);
+- ``ours``: original names, except the predictor is ``decode_head.predictor`` and, with fused QKV,
+  ``attn.wq/wk/wv`` become one ``attn.wqkv``.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+from torch import Tensor
+
+from .config import Sapiens2Config
+
+PREDICTOR = {"pose": "conv_pose", "seg": "conv_seg", "matting": "conv_matting", "normal": "conv_normal",
+             "pointmap": "conv_pointmap"}
+# Keys real files may carry that the model does not need (RoPE periods are recomputed; the mask
+# token only serves masked-image pretraining).
+IGNORED = re.compile(r"(^|\.)(periods|mask_token)$")
+
+
+def detect_layout(keys: list[str]) -> str:
+    """'reference' for transformers' in-memory names, else 'original'."""
+    if any(k.startswith(("model.embeddings.", "model.model.layer.")) for k in keys):
+        return "reference"
+    return "original"
+
+
+_REFERENCE_RULES = [
+    (r"^model\.embeddings\.cls_token$", "backbone.cls_token"),
+    (r"^model\.embeddings\.register_tokens$", "backbone.storage_tokens"),
+    (r"^model\.embeddings\.patch_embeddings\.", "backbone.patch_embed.projection."),
+    (r"^model\.embeddings\.mask_token$", "backbone.mask_token"),
+    (r"^model\.model\.layer\.(\d+)\.norm1\.", r"backbone.blocks.\1.ln1."),
+    (r"^model\.model\.layer\.(\d+)\.norm2\.", r"backbone.blocks.\1.ln2."),
+    (r"^model\.model\.layer\.(\d+)\.attention\.q_proj\.", r"backbone.blocks.\1.attn.wq."),
+    (r"^model\.model\.layer\.(\d+)\.attention\.k_proj\.", r"backbone.blocks.\1.attn.wk."),
+    (r"^model\.model\.layer\.(\d+)\.attention\.v_proj\.", r"backbone.blocks.\1.attn.wv."),
+    (r"^model\.model\.layer\.(\d+)\.attention\.o_proj\.", r"backbone.blocks.\1.attn.proj."),
+    (r"^model\.model\.layer\.(\d+)\.attention\.(q_norm|k_norm)\.", r"backbone.blocks.\1.attn.\2."),
+    (r"^model\.model\.layer\.(\d+)\.layer_scale1\.lambda1$", r"backbone.blocks.\1.attn.gamma.weight"),
+    (r"^model\.model\.layer\.(\d+)\.mlp\.down_proj\.", r"backbone.blocks.\1.ffn.w3."),
+    (r"^model\.norm\.", "backbone.ln1."),
+    (r"^decode_head\.input_conv\.convolution\.", "decode_head.input_conv.0."),
+    (r"^scale_head\.predictor\.block1\.layers\.0\.", "decode_head.scale_final_layer.1."),
+    (r"^scale_head\.predictor\.block2\.layers\.0\.", "decode_head.scale_final_layer.3."),
+    (r"^scale_head\.predictor\.proj\.", "decode_head.scale_final_layer.5."),
+]
+_TRIPLE_INDEX = [
+    (r"^decode_head\.conv_layers\.(\d+)\.convolution\.(.*)$", "decode_head.conv_layers.{}.{}"),
+    (r"^scale_head\.conv_layers\.(\d+)\.convolution\.(.*)$", "decode_head.scale_conv_layers.{}.{}"),
+]
+
+
+def reference_to_original(sd: dict[str, Tensor], task: str) -> dict[str, Tensor]:
+    """transformers' in-memory state dict -> published key names (gate/up fused back into w12)."""
+    out: dict[str, Tensor] = {}
+    pixel_shuffle = any(k.startswith("decode_head.input_conv.") for k in sd)
+    for key, value in sd.items():
+        m = re.match(r"^model\.model\.layer\.(\d+)\.mlp\.(gate_proj|up_proj)\.(weight|bias)$", key)
+        if m:
+            if m.group(2) == "gate_proj":
+                up = sd[key.replace("gate_proj", "up_proj")]
+                out[f"backbone.blocks.{m.group(1)}.ffn.w12.{m.group(3)}"] = torch.cat((value, up), 0)
+            continue
+        new = _rename_reference_key(key, task, pixel_shuffle)
+        out[new] = value
+    return out
+
+
+def _rename_reference_key(key: str, task: str, pixel_shuffle: bool) -> str:
+    for pattern, repl in _REFERENCE_RULES:
+        if re.search(pattern, key):
+            return re.sub(pattern, repl, key)
+    for pattern, fmt in _TRIPLE_INDEX:
+        m = re.match(pattern, key)
+        if m:
+            return fmt.format(3 * int(m.group(1)), m.group(2))
+    m = re.match(r"^decode_head\.upsample_layers\.(\d+)\.convolution\.(.*)$", key)
+    if m:
+        i, rest = int(m.group(1)), m.group(2)
+        return f"decode_head.upsample_blocks.{i}.0.{rest}" if pixel_shuffle else f"decode_head.deconv_layers.{3 * i}.{rest}"
+    if key.startswith("decode_head.predictor."):
+        return key.replace("decode_head.predictor.", f"decode_head.{PREDICTOR[task]}.")
+    return key  # unknown keys pass through and are reported by the strict load
+
+
+def original_to_ours(sd: dict[str, Tensor], cfg: Sapiens2Config) -> dict[str, Tensor]:
+    """Published names -> our module names: predictor renamed, ignorable keys dropped, QKV fused."""
+    out: dict[str, Tensor] = {}
+    predictor = f"decode_head.{PREDICTOR[cfg.task]}."
+    for key, value in sd.items():
+        if IGNORED.search(key):
+            continue
+        if key.startswith(predictor):
+            key = "decode_head.predictor." + key[len(predictor):]
+        out[key] = value
+    return fuse_qkv(out, cfg) if cfg.fuse_qkv else out
+
+
+def fuse_qkv(sd: dict[str, Tensor], cfg: Sapiens2Config) -> dict[str, Tensor]:
+    """Concatenate attn.wq/wk/wv into attn.wqkv (zero bias where a projection has none)."""
+    out = dict(sd)
+    for i in range(cfg.num_hidden_layers):
+        p = f"backbone.blocks.{i}.attn."
+        names = [p + n + ".weight" for n in ("wq", "wk", "wv")]
+        if not all(n in out for n in names):
+            continue  # left for the strict load to report
+        weights = [out.pop(n) for n in names]
+        out[p + "wqkv.weight"] = torch.cat(weights, 0)
+        biases = [out.pop(p + n + ".bias", None) for n in ("wq", "wk", "wv")]
+        if any(b is not None for b in biases):
+            filled = [b if b is not None else torch.zeros(w.shape[0], dtype=w.dtype) for b, w in zip(biases, weights)]
+            out[p + "wqkv.bias"] = torch.cat(filled, 0)
+    return out
+
+
+def ours_to_original(sd: dict[str, Tensor], cfg: Sapiens2Config) -> dict[str, Tensor]:
+    """Our (unfused) names -> published names, for writing checkpoints in the real layout."""
+    if any(".attn.wqkv." in k for k in sd):
+        raise ValueError("write checkpoints from an unfused model (fuse_qkv=False)")
+    predictor = f"decode_head.{PREDICTOR[cfg.task]}."
+    return {(predictor + k[len("decode_head.predictor."):] if k.startswith("decode_head.predictor.") else k): v
+            for k, v in sd.items()}

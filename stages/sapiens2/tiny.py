@@ -1,0 +1,88 @@
+"""Small random-init checkpoints in the published layout, for tests and offline runs.
+
+They are written exactly as a real checkpoint folder (``config.json`` + ``model.safetensors`` with the
+original key names) and load through the same code as real weights. The safetensors metadata
+marks them ``random-init`` so every output made with them can be labelled as meaningless.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from torch import nn
+
+from .config import DEFAULT_NUM_LABELS, HeadConfig, Sapiens2Config
+from .configjson import config_to_json
+from .model import LayerScale, RMSNorm, Sapiens2
+from .remap import ours_to_original
+from .weights import RANDOM_INIT_KEY
+
+
+def tiny_config(task: str, hidden: int = 64, layers: int = 4, heads: int = 4, registers: int = 2,
+                image_size: tuple[int, int] = (256, 192)) -> Sapiens2Config:
+    """A few-MB architecture of the same shape family as the published ones (GQA in the middle)."""
+    kv = [heads if (i == 0 or i == layers - 1) else heads // 2 for i in range(layers)]
+    if task == "pose":
+        head = HeadConfig([32, 32], [4, 4], [32, 32], [1, 1])
+    elif task == "seg":
+        head = HeadConfig([32, 32, 16, 16], [4] * 4, [16, 16], [1, 1])
+    else:
+        head = HeadConfig([32, 32, 16, 16], [3] * 4, [16, 16], [3, 3], use_pixel_shuffle=True)
+        if task == "pointmap":
+            head.scale_conv_out_channels, head.scale_conv_kernel_sizes = [16, 16], [3, 3]
+            head.scale_final_hidden_sizes = [32, 16]
+    return Sapiens2Config(task=task, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                          intermediate_size=2 * hidden, num_key_value_heads_per_layer=kv,
+                          num_register_tokens=registers, image_size=image_size,
+                          num_labels=DEFAULT_NUM_LABELS[task], head=head, fuse_qkv=False)
+
+
+@torch.no_grad()
+def random_init(model: Sapiens2, seed: int = 0) -> Sapiens2:
+    """Deterministic random weights with activations of a sensible scale (unit norms, small gammas)."""
+    gen = torch.Generator().manual_seed(seed)
+    for module in model.modules():
+        if isinstance(module, RMSNorm):
+            module.weight.fill_(1.0)
+        elif isinstance(module, LayerScale):
+            module.weight.fill_(0.1)
+        elif isinstance(module, nn.Linear | nn.Conv2d | nn.ConvTranspose2d):
+            fan_in = module.weight[0].numel() if not isinstance(module, nn.ConvTranspose2d) else module.weight.shape[0]
+            module.weight.normal_(0.0, 1.0 / math.sqrt(fan_in), generator=gen)
+            if module.bias is not None:
+                module.bias.normal_(0.0, 0.02, generator=gen)
+    bb = model.backbone
+    bb.cls_token.normal_(0.0, 0.02, generator=gen)
+    bb.storage_tokens.normal_(0.0, 0.02, generator=gen)
+    return model
+
+
+def write_checkpoint(model: Sapiens2, folder: str | Path, flip_pairs: list[list[int]] | None = None,
+                     random_weights: bool = True) -> Path:
+    """Write ``config.json`` + ``model.safetensors`` in the published layout."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    sd = {k: v.detach().float().contiguous() for k, v in ours_to_original(model.state_dict(), model.cfg).items()}
+    metadata = {"format": "pt"}
+    if random_weights:
+        metadata[RANDOM_INIT_KEY] = "random-init"
+    save_file(sd, str(folder / "model.safetensors"), metadata=metadata)
+    (folder / "config.json").write_text(json.dumps(config_to_json(model.cfg, flip_pairs), indent=2))
+    return folder
+
+
+def make_tiny(folder: str | Path, task: str, seed: int = 0, **arch: int) -> Path:
+    """Create a tiny random-init checkpoint for ``task`` in ``folder``; returns the folder."""
+    from ..metadata import load_metadata
+
+    cfg = tiny_config(task, **arch)
+    model = random_init(Sapiens2(cfg), seed)
+    flip = load_metadata().flip_pairs.tolist() if task == "pose" else None
+    return write_checkpoint(model, folder, flip)
+
+
+__all__ = ["make_tiny", "random_init", "tiny_config", "write_checkpoint"]
