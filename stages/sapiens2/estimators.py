@@ -1,0 +1,230 @@
+"""The public Sapiens2 API: one estimator per task, each preprocess -> infer -> postprocess.
+
+Each estimator wraps a loaded :class:`Sapiens2` (or loads one from a source) and offers
+``predict(...)`` on host numpy images, plus the device-side steps the pipeline calls directly so
+tensors stay on the GPU. Every output is checked for non-finite values before it is returned.
+
+    pose = PoseEstimator("facebook/sapiens2-pose-0.4b")
+    kps = pose.predict(image_rgb, boxes_xyxy)        # Keypoints: xy (N, 308, 2), scores (N, 308)
+    seg = Segmenter("facebook/sapiens2-seg-0.4b").predict(image_rgb)   # (H, W) uint8 class ids
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..types import Keypoints, Matte
+from .config import check_image_size
+from .model import Sapiens2
+from .postprocess import (composite, decode_pose, flip_back, matting_maps, normal_maps, pointmaps,
+                          seg_classes)
+from .preprocess import crop_persons, resize_full, resize_pad, to_device_image
+from .weights import load_model
+
+BATCH_BUCKETS = (1, 2, 4, 8, 16)
+
+
+class NonFiniteOutputError(RuntimeError):
+    """A stage produced NaN or Inf (e.g. fp16 overflow); its output is not passed on."""
+
+
+def check_finite(tensor: Tensor, stage: str) -> None:
+    if not bool(torch.isfinite(tensor).all()):
+        raise NonFiniteOutputError(
+            f"{stage}: the model produced non-finite values (NaN/Inf); try --dtype bfloat16 or float32"
+        )
+
+
+def bucket(n: int, buckets: tuple[int, ...] = BATCH_BUCKETS) -> int:
+    """Smallest bucket holding n (multiples of the largest beyond it): few distinct shapes on the GPU."""
+    for b in buckets:
+        if n <= b:
+            return b
+    top = buckets[-1]
+    return -(-n // top) * top
+
+
+class _Estimator:
+    task = ""
+
+    def __init__(self, model: Sapiens2 | str | os.PathLike, input_size: tuple[int, int] | None = None,
+                 device: str | torch.device | None = None, dtype: str | torch.dtype | None = None) -> None:
+        self.model = model if isinstance(model, Sapiens2) else load_model(model, device=device, dtype=dtype)
+        if self.model.cfg.task != self.task:
+            raise ValueError(f"{getattr(self.model, 'source', 'model')} is a {self.model.cfg.task} checkpoint, "
+                             f"not {self.task}")
+        self.input_size = tuple(input_size or self.model.cfg.image_size)
+        check_image_size(self.input_size, self.model.cfg.patch_size)
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    @property
+    def random_weights(self) -> bool:
+        return bool(getattr(self.model, "random_weights", False))
+
+    def image_tensor(self, image: np.ndarray | Tensor) -> Tensor:
+        return to_device_image(image, self.device)
+
+
+class PoseEstimator(_Estimator):
+    """308 whole-body keypoints for every person box, in one batched forward (padded to a bucket)."""
+
+    task = "pose"
+
+    def __init__(self, model: Sapiens2 | str | os.PathLike, input_size: tuple[int, int] | None = None,
+                 flip_test: bool = False, flip_pairs: np.ndarray | None = None, blur_kernel: int = 11,
+                 padding: float = 1.25, **kwargs) -> None:
+        super().__init__(model, input_size, **kwargs)
+        self.flip_test, self.blur_kernel, self.padding = flip_test, blur_kernel, padding
+        if flip_pairs is None:
+            from ..metadata import load_metadata
+
+            flip_pairs = load_metadata().flip_pairs
+        self.flip_pairs = torch.tensor(np.asarray(flip_pairs), dtype=torch.long, device=self.device)
+
+    def preprocess(self, image: Tensor, boxes: Tensor) -> Tensor:
+        """(3, H, W) uint8 + (N, 4) xyxy -> (bucket(N), 3, h, w) crops; padding rows are zeros."""
+        crops = crop_persons(image, boxes, self.input_size, self.padding)
+        n = crops.shape[0]
+        pad = bucket(n) - n if n else 0
+        if pad:
+            crops = torch.cat((crops, crops.new_zeros(pad, *crops.shape[1:])))
+        return crops
+
+    @torch.inference_mode()
+    def infer(self, crops: Tensor, n: int) -> Tensor:
+        """Crops -> heatmaps (n, K, h/4, w/4); with flip test, mirrored crops run in the same batch."""
+        if n == 0:
+            return crops.new_zeros(0, self.model.cfg.num_labels, self.input_size[0] // 4, self.input_size[1] // 4)
+        batch = torch.cat((crops, crops.flip(-1))) if self.flip_test else crops
+        heatmaps, _ = self.model(batch)
+        if self.flip_test:
+            b = crops.shape[0]
+            heatmaps = (heatmaps[:b] + flip_back(heatmaps[b:], self.flip_pairs)) / 2
+        return heatmaps[:n]
+
+    def postprocess(self, heatmaps: Tensor, boxes: Tensor) -> tuple[Tensor, Tensor]:
+        return decode_pose(heatmaps, boxes, self.input_size, self.blur_kernel, self.padding)
+
+    @torch.inference_mode()
+    def predict(self, image: np.ndarray, boxes: np.ndarray) -> Keypoints:
+        """image (H, W, 3) uint8 RGB, boxes (N, 4) xyxy pixels -> Keypoints in image pixels."""
+        boxes = np.asarray(boxes, dtype=np.float32).reshape(-1, 4)
+        image_t = self.image_tensor(image)
+        boxes_t = torch.as_tensor(boxes, device=self.device)
+        heatmaps = self.infer(self.preprocess(image_t, boxes_t), len(boxes))
+        xy, scores = self.postprocess(heatmaps, boxes_t)
+        check_finite(xy, "pose")
+        check_finite(scores, "pose")
+        return Keypoints(xy.cpu().numpy(), scores.cpu().numpy())
+
+
+class Segmenter(_Estimator):
+    """Body-part segmentation (29 classes) of the full frame."""
+
+    task = "seg"
+
+    def preprocess(self, image: Tensor) -> Tensor:
+        return resize_full(image, self.input_size)
+
+    @torch.inference_mode()
+    def infer(self, pixels: Tensor) -> Tensor:
+        return self.model(pixels)[0]
+
+    def postprocess(self, logits: Tensor, frame_hw: tuple[int, int]) -> Tensor:
+        return seg_classes(logits, frame_hw)[0]
+
+    @torch.inference_mode()
+    def predict(self, image: np.ndarray) -> np.ndarray:
+        """image (H, W, 3) uint8 RGB -> (H, W) uint8 class ids."""
+        image_t = self.image_tensor(image)
+        logits = self.infer(self.preprocess(image_t))
+        check_finite(logits, "seg")
+        return self.postprocess(logits, tuple(image_t.shape[1:])).to(torch.uint8).cpu().numpy()
+
+
+class Matter(_Estimator):
+    """Human matting: alpha and premultiplied foreground of the full frame."""
+
+    task = "matting"
+
+    def preprocess(self, image: Tensor) -> Tensor:
+        return resize_full(image, self.input_size)
+
+    @torch.inference_mode()
+    def infer(self, pixels: Tensor) -> Tensor:
+        return self.model(pixels)[0]
+
+    def postprocess(self, maps: Tensor, frame_hw: tuple[int, int]) -> tuple[Tensor, Tensor]:
+        alpha, fg = matting_maps(maps, frame_hw)
+        return alpha[0], fg[0]
+
+    @torch.inference_mode()
+    def predict(self, image: np.ndarray) -> Matte:
+        """image (H, W, 3) uint8 RGB -> Matte(alpha (H, W) in [0, 1], foreground (H, W, 3))."""
+        image_t = self.image_tensor(image)
+        maps = self.infer(self.preprocess(image_t))
+        check_finite(maps, "matting")
+        alpha, fg = self.postprocess(maps, tuple(image_t.shape[1:]))
+        return Matte(alpha.cpu().numpy(), fg.permute(1, 2, 0).cpu().numpy())
+
+    @staticmethod
+    def composite(matte: Matte, background: np.ndarray) -> np.ndarray:
+        """Foreground over a background (H, W, 3) uint8 of the same size -> (H, W, 3) uint8."""
+        fg = torch.from_numpy(matte.foreground).permute(2, 0, 1)[None]
+        alpha = torch.from_numpy(matte.alpha)[None]
+        bg = torch.from_numpy(np.ascontiguousarray(background)).permute(2, 0, 1)[None].float() / 255.0
+        return composite(fg, alpha, bg)[0].permute(1, 2, 0).numpy()
+
+
+class _DenseEstimator(_Estimator):
+    """Normals and pointmaps: aspect kept, padded input, maps cropped back and resized."""
+
+    def preprocess(self, image: Tensor) -> Tensor:
+        return resize_pad(image, self.input_size)
+
+    @torch.inference_mode()
+    def infer(self, pixels: Tensor) -> tuple[Tensor, Tensor | None]:
+        return self.model(pixels)
+
+
+class NormalEstimator(_DenseEstimator):
+    task = "normal"
+
+    @torch.inference_mode()
+    def predict(self, image: np.ndarray) -> np.ndarray:
+        """image (H, W, 3) uint8 RGB -> unit surface normals (H, W, 3) float32."""
+        image_t = self.image_tensor(image)
+        raw, _ = self.infer(self.preprocess(image_t))
+        check_finite(raw, "normal")
+        frame_hw = tuple(image_t.shape[1:])
+        return normal_maps(raw, frame_hw, self.input_size)[0].permute(1, 2, 0).cpu().numpy()
+
+
+class PointmapEstimator(_DenseEstimator):
+    task = "pointmap"
+
+    def __init__(self, model: Sapiens2 | str | os.PathLike, input_size: tuple[int, int] | None = None,
+                 **kwargs) -> None:
+        super().__init__(model, input_size, **kwargs)
+        if self.model.cfg.head.has_scale and self.input_size != tuple(self.model.cfg.image_size):
+            raise ValueError(f"this pointmap model's scale branch needs input size {self.model.cfg.image_size}")
+
+    @torch.inference_mode()
+    def predict(self, image: np.ndarray) -> np.ndarray:
+        """image (H, W, 3) uint8 RGB -> per-pixel XYZ (H, W, 3) float32 (scaled when the model predicts it)."""
+        image_t = self.image_tensor(image)
+        raw, scale = self.infer(self.preprocess(image_t))
+        check_finite(raw, "pointmap")
+        frame_hw = tuple(image_t.shape[1:])
+        return pointmaps(raw, scale, frame_hw, self.input_size)[0].permute(1, 2, 0).cpu().numpy()
+
+
+ESTIMATORS = {"pose": PoseEstimator, "seg": Segmenter, "matting": Matter, "normal": NormalEstimator,
+              "pointmap": PointmapEstimator}

@@ -1,0 +1,105 @@
+"""Batched input preparation on the model's device: person crops and full-frame resizes.
+
+All functions are pure torch and take the image as a (3, H, W) uint8 tensor already on the device.
+They reproduce the reference processor's arithmetic (transformers 5.23 ``Sapiens2ImageProcessor``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torchvision.transforms.v2 import functional as tvF
+
+MEAN = (0.485, 0.456, 0.406)
+STD = (0.229, 0.224, 0.225)
+
+
+def crop_params(boxes_xyxy: Tensor, input_size: tuple[int, int], padding: float = 1.25) -> tuple[Tensor, Tensor]:
+    """Boxes (N, 4) xyxy -> centres (N, 2) and crop sizes (N, 2) (w, h): padded, widened to the input aspect."""
+    x1, y1, x2, y2 = boxes_xyxy.float().unbind(-1)
+    center = torch.stack(((x1 + x2) * 0.5, (y1 + y2) * 0.5), dim=-1)
+    w, h = (x2 - x1) * padding, (y2 - y1) * padding
+    aspect = input_size[1] / input_size[0]
+    size = torch.where(
+        (w > h * aspect)[..., None],
+        torch.stack((w, w / aspect), dim=-1),
+        torch.stack((h * aspect, h), dim=-1),
+    )
+    return center, size
+
+
+def normalize(pixels: Tensor) -> Tensor:
+    """0..255 float (B, 3, H, W) -> ImageNet-normalised float32."""
+    mean = torch.tensor(MEAN, device=pixels.device).view(1, 3, 1, 1) * 255.0
+    std = torch.tensor(STD, device=pixels.device).view(1, 3, 1, 1) * 255.0
+    return (pixels.float() - mean) / std
+
+
+def crop_persons(image: Tensor, boxes_xyxy: Tensor, input_size: tuple[int, int], padding: float = 1.25) -> Tensor:
+    """Affine-warp each box to the model input: (3, H, W) uint8 + (N, 4) -> (N, 3, h, w) normalised.
+
+    Bilinear where the crop shrinks, bicubic where it enlarges, zeros outside the image. Both
+    samplings are computed and selected per box so no host sync is needed.
+    """
+    out_h, out_w = input_size
+    _, in_h, in_w = image.shape
+    n = boxes_xyxy.shape[0]
+    if n == 0:
+        return torch.zeros(0, 3, out_h, out_w, device=image.device)
+    center, size = crop_params(boxes_xyxy.to(image.device), input_size, padding)
+    scale_x = (out_w - 1) / size[:, 0]  # (N,)
+    scale_y = (out_h - 1) / size[:, 1]
+    gy, gx = torch.meshgrid(
+        torch.arange(out_h, dtype=torch.float32, device=image.device),
+        torch.arange(out_w, dtype=torch.float32, device=image.device),
+        indexing="ij",
+    )
+    # Same operation order as the reference so crops agree to the last bit.
+    in_x = gx / scale_x[:, None, None] + center[:, 0, None, None] - 0.5 * size[:, 0, None, None]  # (N, h, w)
+    in_y = gy / scale_y[:, None, None] + center[:, 1, None, None] - 0.5 * size[:, 1, None, None]
+    grid = torch.stack((2.0 * in_x / (in_w - 1) - 1.0, 2.0 * in_y / (in_h - 1) - 1.0), dim=-1)  # (N, h, w, 2)
+    src = image.float().unsqueeze(0).expand(n, -1, -1, -1)
+    shrink = (torch.minimum(scale_x, scale_y) < 1.0)[:, None, None, None]
+    bilinear = F.grid_sample(src, grid, mode="bilinear", padding_mode="zeros", align_corners=True)
+    bicubic = F.grid_sample(src, grid, mode="bicubic", padding_mode="zeros", align_corners=True)
+    return normalize(torch.where(shrink, bilinear, bicubic))
+
+
+def resize_full(image: Tensor, input_size: tuple[int, int]) -> Tensor:
+    """Whole frame resized to the model input, aspect not kept (seg, matting): (1, 3, h, w) normalised."""
+    resized = tvF.resize(image, list(input_size), interpolation=tvF.InterpolationMode.BILINEAR, antialias=True)
+    return normalize(resized.unsqueeze(0))
+
+
+def fit_size(frame_hw: tuple[int, int], input_size: tuple[int, int]) -> tuple[int, int]:
+    """Largest (h, w) with the frame's aspect that fits the input size."""
+    scale = min(input_size[0] / frame_hw[0], input_size[1] / frame_hw[1])
+    return int(frame_hw[0] * scale), int(frame_hw[1] * scale)
+
+
+def pad_box(frame_hw: tuple[int, int], input_size: tuple[int, int]) -> tuple[int, int, int, int]:
+    """(top, left, bottom, right) of the frame's content inside the padded model input."""
+    new_h, new_w = fit_size(frame_hw, input_size)
+    top, left = (input_size[0] - new_h) // 2, (input_size[1] - new_w) // 2
+    return top, left, top + new_h, left + new_w
+
+
+def resize_pad(image: Tensor, input_size: tuple[int, int]) -> Tensor:
+    """Aspect kept, zero-padded to the centre of the input (normals, pointmap): (1, 3, h, w) normalised."""
+    frame_hw = (image.shape[1], image.shape[2])
+    new_h, new_w = fit_size(frame_hw, input_size)
+    resized = tvF.resize(image, [new_h, new_w], interpolation=tvF.InterpolationMode.BILINEAR, antialias=True)
+    top, left, bottom, right = pad_box(frame_hw, input_size)
+    padded = F.pad(resized, (left, input_size[1] - right, top, input_size[0] - bottom))
+    return normalize(padded.unsqueeze(0))
+
+
+def to_device_image(image, device: torch.device) -> Tensor:
+    """(H, W, 3) uint8 numpy/tensor -> (3, H, W) uint8 tensor on device (pinned, non-blocking on CUDA)."""
+    t = torch.as_tensor(image)
+    if t.dtype != torch.uint8 or t.ndim != 3 or t.shape[-1] != 3:
+        raise ValueError(f"expected an (H, W, 3) uint8 RGB image, got {tuple(t.shape)} {t.dtype}")
+    if device.type == "cuda" and t.device.type == "cpu":
+        t = t.pin_memory().to(device, non_blocking=True)
+    return t.to(device).permute(2, 0, 1)

@@ -1,0 +1,158 @@
+"""Parity with the reference implementation (transformers 5.23 Sapiens2*), float32 on the CPU."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from transformers import Sapiens2ImageProcessor
+
+from stages.sapiens2 import load_model
+from stages.sapiens2.estimators import Matter, NormalEstimator, PointmapEstimator, PoseEstimator, Segmenter
+from tests.refutil import reference_model
+
+ARCHS = {
+    "default": {},
+    "more_heads": dict(hidden_size=96, num_attention_heads=6, num_key_value_attention_heads=3,
+                       num_hidden_layers=4, num_first_full_attention_layers=2, num_last_full_attention_layers=1),
+    "no_registers": dict(num_register_tokens=0),
+    "explicit_kv": dict(num_hidden_layers=3, num_key_value_heads_per_layer=[4, 1, 2], num_register_tokens=4),
+    "no_key_bias": dict(key_bias=False, image_size=[96, 128]),
+}
+
+
+def _ref_output(task, out):
+    return {"pose": out.heatmaps if task == "pose" else None, "seg": getattr(out, "logits", None),
+            "normal": getattr(out, "normals", None), "pointmap": getattr(out, "pointmaps", None),
+            "matting": None if task != "matting" else torch.cat([out.foregrounds, out.alphas], 1)}[task]
+
+
+@pytest.mark.parametrize("task", ["pose", "seg", "matting", "normal", "pointmap"])
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_forward_matches_reference(tmp_path, task, arch):
+    ref = reference_model(task, **ARCHS[arch])
+    ref.save_pretrained(tmp_path)
+    h, w = ref.config.image_size
+    x = torch.randn(2, 3, h, w)
+    with torch.no_grad():
+        expected = _ref_output(task, ref(x))
+        for fuse in (True, False):
+            ours, scale = load_model(tmp_path, device="cpu", dtype="float32", fuse_qkv=fuse)(x)
+            tol = 1e-4 * expected.abs().max().item()
+            assert (ours - expected).abs().max().item() <= tol, (task, arch, fuse)
+            if task == "pointmap":
+                assert torch.allclose(scale, ref(x).scales, atol=1e-4 * ref(x).scales.abs().max().item())
+
+
+@pytest.mark.parametrize("size", [(64, 48), (128, 96), (96, 160)])
+def test_other_input_sizes_match(tmp_path, size):
+    ref = reference_model("seg")
+    ref.save_pretrained(tmp_path)
+    x = torch.randn(1, 3, *size)
+    with torch.no_grad():
+        expected = ref(x).logits
+        ours, _ = load_model(tmp_path, device="cpu")(x)
+    assert (ours - expected).abs().max() <= 1e-4 * expected.abs().max()
+
+
+def _photo(h=240, w=320, seed=0):
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[0:h, 0:w]
+    base = np.stack([(xx * 255 / w), (yy * 255 / h), ((xx + yy) % 64) * 4], -1)
+    return np.clip(base + rng.normal(0, 20, (h, w, 3)), 0, 255).astype(np.uint8)
+
+
+def _clear_peaks(heatmaps: torch.Tensor, margin: float = 1e-3) -> np.ndarray:
+    """(N, K) mask of keypoints whose heatmap maximum beats every value outside its 5x5
+    neighbourhood by `margin` (relative). Random weights give flat, multi-peaked heatmaps where
+    float rounding (batch size, fused GEMMs) legitimately moves the argmax to another peak;
+    trained models give one clear peak, and only those keypoints are compared."""
+    n, k, h, w = heatmaps.shape
+    flat = heatmaps.reshape(n, k, -1)
+    peak, idx = flat.max(-1)
+    yy, xx = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+    near = ((yy.reshape(-1) - (idx // w)[..., None]).abs() <= 2) & ((xx.reshape(-1) - (idx % w)[..., None]).abs() <= 2)
+    second = flat.masked_fill(near, -float("inf")).max(-1).values
+    return ((peak - second) > margin * peak.abs()).numpy()
+
+
+@pytest.mark.parametrize("flip", [False, True])
+def test_pose_pipeline_matches_reference(tmp_path, flip):
+    ref = reference_model("pose", image_size=[128, 96])
+    ref.save_pretrained(tmp_path)
+    image = _photo()
+    # shrinking crops (bilinear), an enlarging one (bicubic) and one that leaves the frame
+    boxes = np.array([[10, 5, 300, 230], [100, 60, 130, 110], [250, 150, 340, 260], [40, 20, 200, 220]],
+                     np.float32)
+    xywh = [[[float(x1), float(y1), float(x2 - x1), float(y2 - y1)] for x1, y1, x2, y2 in boxes]]
+    proc = Sapiens2ImageProcessor(size={"height": 128, "width": 96})
+    inputs = proc(image, boxes=xywh, return_tensors="pt")
+    est = PoseEstimator(tmp_path, device="cpu", flip_test=flip)
+    with torch.no_grad():
+        out = ref(inputs["pixel_values"])
+        flipped = ref(inputs["pixel_values"].flip(-1), flip_pairs=est.flip_pairs) if flip else None
+    expected = proc.post_process_pose_estimation(out, boxes=xywh, outputs_flipped=flipped)[0]
+    heatmaps = out.heatmaps if flipped is None else (out.heatmaps + flipped.heatmaps) / 2
+    clear = _clear_peaks(heatmaps)
+    assert clear.mean() > 0.8, "test model too flat to compare"
+    got = est.predict(image, boxes)
+    assert got.xy.shape == (4, 308, 2) and got.scores.shape == (4, 308)
+    for i, person in enumerate(expected):
+        np.testing.assert_allclose(got.scores[i], person["scores"].numpy(), rtol=1e-4, atol=1e-5)
+        err = np.abs(got.xy[i] - person["keypoints"].numpy()).max(-1)
+        assert err[clear[i]].max() < 0.05, f"person {i}: {err[clear[i]].max():.4f} px"
+
+
+def test_seg_and_matting_postprocess_match_reference(tmp_path):
+    image = _photo(180, 250)
+    for task, cls in (("seg", Segmenter), ("matting", Matter)):
+        ref = reference_model(task)
+        ref.save_pretrained(tmp_path / task)
+        proc = Sapiens2ImageProcessor(size={"height": 128, "width": 96})
+        with torch.no_grad():
+            out = ref(proc(image, return_tensors="pt")["pixel_values"])
+        est = cls(tmp_path / task, device="cpu")
+        if task == "seg":
+            expected = proc.post_process_semantic_segmentation(out, target_sizes=[(180, 250)])[0].numpy()
+            got = est.predict(image)
+            assert got.shape == (180, 250) and got.dtype == np.uint8
+            assert (got == expected).mean() > 0.999
+        else:
+            bg = _photo(180, 250, seed=1)
+            expected = proc.post_process_image_matting(out, target_sizes=[(180, 250)], backgrounds=bg)[0]
+            matte = est.predict(image)
+            np.testing.assert_allclose(matte.alpha, expected["alpha"][0].numpy(), atol=1e-4)
+            np.testing.assert_allclose(matte.foreground, expected["foreground"].permute(1, 2, 0).numpy(), atol=1e-4)
+            comp = Matter.composite(matte, bg)
+            assert np.abs(comp.astype(int) - expected["composite"].permute(1, 2, 0).numpy().astype(int)).max() <= 1
+
+
+@pytest.mark.parametrize("task", ["normal", "pointmap"])
+def test_dense_postprocess_matches_reference(tmp_path, task):
+    image = _photo(150, 260)
+    ref = reference_model(task)
+    ref.save_pretrained(tmp_path)
+    proc = Sapiens2ImageProcessor(size={"height": 128, "width": 96}, do_pad=True)
+    with torch.no_grad():
+        out = ref(proc(image, return_tensors="pt")["pixel_values"])
+    if task == "normal":
+        expected = proc.post_process_normal_estimation(out, source_sizes=[(150, 260)])[0]["normals"]
+        got = NormalEstimator(tmp_path, device="cpu").predict(image)
+    else:
+        expected = proc.post_process_pointmap_estimation(out, source_sizes=[(150, 260)])[0]["pointmap"]
+        got = PointmapEstimator(tmp_path, device="cpu").predict(image)
+    expected = expected.permute(1, 2, 0).numpy()
+    assert got.shape == (150, 260, 3)
+    assert np.abs(got - expected).max() <= 1e-4 * max(1.0, np.abs(expected).max())
+
+
+def test_bfloat16_close_to_float32(tmp_path):
+    ref = reference_model("pose")
+    ref.save_pretrained(tmp_path)
+    x = torch.randn(2, 3, 128, 96)
+    with torch.no_grad():
+        full, _ = load_model(tmp_path, device="cpu", dtype="float32")(x)
+        half, _ = load_model(tmp_path, device="cpu", dtype="bfloat16")(x)
+    assert half.dtype == torch.bfloat16
+    rel = (half.float() - full).norm() / full.norm()
+    assert rel < 0.05
