@@ -1,0 +1,149 @@
+"""Assembling a run from its config: source, stages, sinks, display; returns the exit code."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+
+import numpy as np
+
+from stages.annotate import compose_annotators
+from stages.smoothing import KeypointSmoother
+from stages.types import FrameResult
+
+from .config import RunConfig
+from .engine import FrameEngine
+from .runner import Runner
+from .sinks import Sink
+from .sources import Source, open_source
+from .stages_setup import build_stages
+
+log = logging.getLogger("sapiens2_stream")
+
+
+class Display:
+    """Progress bar with fps for files; one rewritten status line for live sources."""
+
+    def __init__(self, source: Source, enabled: bool, total: int | None) -> None:
+        self.source, self.enabled, self.live = source, enabled, source.info.live
+        self.bar = None
+        self.last = 0.0
+        if enabled and not self.live:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, unit="frame", file=sys.stderr, dynamic_ncols=True)
+
+    def on_result(self, result: FrameResult) -> None:
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.update(1)
+            return
+        now = time.monotonic()
+        if now - self.last >= 0.5:
+            self.last = now
+            self._status(result)
+
+    def _status(self, result: FrameResult | None) -> None:
+        lat = "" if result is None else " ".join(f"{k} {v:.0f}ms" for k, v in result.latency_ms.items())
+        persons = 0 if result is None else len(result.detections)
+        src = self.source
+        sys.stderr.write(f"\r[{src.health}] frame {src.frames_decoded} drops {src.frames_dropped} "
+                         f"reopens {src.reopens} persons {persons} {lat}\033[K")
+        sys.stderr.flush()
+
+    def on_idle(self, source: Source) -> None:
+        if self.enabled and self.live and time.monotonic() - self.last >= 1.0:
+            self.last = time.monotonic()
+            self._status(None)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        elif self.enabled and self.live:
+            sys.stderr.write("\n")
+
+
+def build_sinks(cfg: RunConfig, stop: threading.Event) -> list[Sink]:
+    sinks: list[Sink] = []
+    if cfg.record:
+        from .recorder import VideoRecorder
+
+        sinks.append(VideoRecorder(cfg.record, codec=cfg.record_codec))
+    if cfg.save_keypoints:
+        from .jsonl import KeypointWriter
+
+        sinks.append(KeypointWriter(cfg.save_keypoints))
+    if cfg.publish:
+        from .publisher import CurveServerKeys, ZmqPublisher
+
+        curve = CurveServerKeys.from_dir(cfg.curve_dir) if cfg.curve_dir else None
+        sinks.append(ZmqPublisher(cfg.publish, jpeg_quality=cfg.jpeg_quality, curve=curve))
+    if cfg.show:
+        from .preview import PreviewWindow
+
+        sinks.append(PreviewWindow(stop))
+    return sinks
+
+
+def run_pipeline(cfg: RunConfig, stop: threading.Event | None = None) -> int:
+    """Run until the source ends, max_frames, a stop request or an error. 0 on success."""
+    stop = stop or threading.Event()
+    stages = build_stages(cfg)
+    for note in stages.notes:
+        log.warning(note)
+    if stages.random_weights:
+        log.warning("RANDOM WEIGHTS in use: outputs are meaningless (tests and offline demo only)")
+    source = open_source(cfg.source, realtime=cfg.realtime, stall_timeout_s=cfg.stall_timeout_s,
+                         source_id=cfg.source_id)
+    info = source.info
+    if stages.random_weights:
+        from dataclasses import replace
+
+        info = replace(info, random_weights=True)
+    sinks = build_sinks(cfg, stop)
+    publisher = next((s for s in sinks if hasattr(s, "set_health")), None)
+    needs_image = any(type(s).__name__ in ("VideoRecorder", "ZmqPublisher", "PreviewWindow") for s in sinks)
+    annotator = compose_annotators(_annotation_layers(cfg)) if needs_image else None
+    smoother = KeypointSmoother(cfg.smooth_min_cutoff, cfg.smooth_beta) if cfg.smooth else None
+    engine = FrameEngine(stages, cfg.kpt_threshold, cfg.detect_every, smoother)
+    display = Display(source, cfg.progress, cfg.max_frames or _frame_count(source))
+
+    def on_result(result: FrameResult) -> None:
+        if publisher is not None:
+            publisher.set_health(source.health)
+        display.on_result(result)
+
+    def on_idle(src: Source) -> None:
+        if publisher is not None:
+            publisher.set_health(src.health)
+        display.on_idle(src)
+
+    log.info("source %s (%dx%d, %s) -> tasks %s on %s", info.source_id, info.width, info.height,
+             "live" if info.live else "file", ",".join(cfg.tasks), stages.device)
+    runner = Runner(source, engine, sinks, annotator, stages.random_weights, cfg.max_frames, on_result, on_idle,
+                    stop, info)
+    try:
+        stats = runner.run()
+    finally:
+        display.close()
+    if stats.error is not None:
+        raise stats.error
+    p95 = float(np.percentile(stats.latency_ms, 95)) if stats.latency_ms else 0.0
+    log.info("done: %d frames, %.1f fps, capture-to-output p95 %.0f ms, %d dropped%s", stats.frames, stats.fps,
+             p95, source.frames_dropped, " (RANDOM WEIGHTS)" if stages.random_weights else "")
+    for path in (cfg.record, cfg.save_keypoints):
+        if path:
+            log.info("wrote %s", path)
+    return 0
+
+
+def _annotation_layers(cfg: RunConfig) -> list[str]:
+    layer_task = {"matte": "matting", "seg": "seg", "pose": "pose", "boxes": "pose"}
+    return [layer for layer in cfg.annotate if layer not in layer_task or layer_task[layer] in cfg.tasks]
+
+
+def _frame_count(source: Source) -> int | None:
+    return getattr(source, "frame_count", None)

@@ -1,0 +1,105 @@
+"""Broker: ZeroMQ's own XSUB/XPUB proxy so many cameras publish into one endpoint.
+
+Pipelines connect their publisher (``ZmqPublisher(..., connect=True)``) to the XSUB side;
+subscribers connect to the XPUB side as if it were a single publisher. Subscriptions travel
+upstream through the proxy, so publishers still encode only what somebody reads. Source ids
+in topics and headers keep the streams apart.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import zmq
+
+log = logging.getLogger(__name__)
+
+DEFAULT_XSUB = "tcp://127.0.0.1:5556"  # publishers connect here
+DEFAULT_XPUB = "tcp://127.0.0.1:5555"  # subscribers connect here
+
+
+class BrokerError(RuntimeError):
+    """The broker could not bind its endpoints."""
+
+
+class Broker:
+    """An XSUB (publishers) -> XPUB (subscribers) proxy run with zmq.proxy_steerable.
+
+    Bind happens in the constructor so ``xsub_endpoint``/``xpub_endpoint`` report the real
+    ports when ``*`` was asked for. start() runs the proxy in a thread, run() in the caller's.
+    """
+
+    def __init__(
+        self,
+        xsub: str = DEFAULT_XSUB,
+        xpub: str = DEFAULT_XPUB,
+        *,
+        hwm: int = 1000,
+        linger_ms: int = 200,
+    ) -> None:
+        self._ctx = zmq.Context()
+        self._linger_ms = linger_ms
+        self._control_addr = f"inproc://broker-control-{id(self)}"
+        self._thread: threading.Thread | None = None
+        self._xsub = self._ctx.socket(zmq.XSUB)
+        self._xpub = self._ctx.socket(zmq.XPUB)
+        self._control = self._ctx.socket(zmq.PAIR)  # the proxy's end, read by zmq.proxy_steerable
+        self._stopper = self._ctx.socket(zmq.PAIR)  # our end: sends TERMINATE
+        for s in (self._xsub, self._xpub, self._control, self._stopper):
+            s.setsockopt(zmq.LINGER, linger_ms)
+        self._xsub.setsockopt(zmq.RCVHWM, hwm)
+        self._xpub.setsockopt(zmq.SNDHWM, hwm)
+        try:
+            self._xsub.bind(xsub)
+            self._xpub.bind(xpub)
+        except zmq.ZMQError as e:
+            self._close_sockets()
+            raise BrokerError(
+                f"cannot bind broker endpoints {xsub} / {xpub}: {e}; pick free ports with --xsub/--xpub"
+            ) from e
+        self._control.bind(self._control_addr)
+        self._stopper.connect(self._control_addr)
+        self.xsub_endpoint = self._xsub.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.xpub_endpoint = self._xpub.getsockopt_string(zmq.LAST_ENDPOINT)
+
+    def run(self) -> None:
+        """Forward messages and subscriptions until stop() is called; then close everything."""
+        log.info("broker: publishers -> %s, subscribers -> %s", self.xsub_endpoint, self.xpub_endpoint)
+        try:
+            zmq.proxy_steerable(self._xsub, self._xpub, None, self._control)
+        except zmq.ContextTerminated:
+            pass
+        finally:
+            for s in (self._xsub, self._xpub, self._control):
+                s.close(linger=self._linger_ms)
+
+    def start(self) -> Broker:
+        """Run the proxy in a daemon thread (sockets move to it; the caller must not use them)."""
+        self._thread = threading.Thread(target=self.run, name="zmq-broker", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Ask the proxy to terminate, wait for it (bounded), release the context."""
+        if self._stopper.closed:
+            return
+        self._stopper.send(b"TERMINATE")
+        if self._thread is not None:
+            self._thread.join(timeout=timeout_s)
+            if self._thread.is_alive():
+                log.warning("broker thread did not stop within %.1f s", timeout_s)
+        self._stopper.close(linger=0)
+        if self._thread is None or not self._thread.is_alive():
+            self._ctx.term()
+
+    def __enter__(self) -> Broker:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _close_sockets(self) -> None:
+        for s in (self._xsub, self._xpub, self._control, self._stopper):
+            s.close(linger=0)
+        self._ctx.term()

@@ -1,0 +1,201 @@
+"""Frame readers: the blocking, single-threaded decoders behind a Source.
+
+A reader is opened by an *opener* (a zero-argument callable that returns an open reader or
+raises ``SourceError``), then read from one thread until ``read()`` returns None (end of
+stream). The threading, flow control and reconnection live in ``pipeline.sources``; readers
+only decode.
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+from typing import Protocol
+
+import av
+import cv2
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp"})
+NETWORK_SCHEMES = ("rtsp://", "rtsps://", "rtmp://", "http://", "https://", "udp://", "tcp://", "srt://")
+
+
+class SourceError(RuntimeError):
+    """A source cannot be opened or read; the message says what is wrong and what to do."""
+
+
+class SourceEnded(Exception):
+    """Raised by ``Source.read`` once a finite source (file, images, demo) has delivered its last frame."""
+
+
+@dataclass
+class Decoded:
+    """One decoded picture before the Source stamps it into a Frame.
+
+    image: (H, W, 3) uint8 RGB; pts in units of time_base (None when the reader has no clock).
+    """
+
+    image: np.ndarray
+    pts: int | None
+    time_base: Fraction | None
+
+
+class FrameReader(Protocol):
+    """What a Source needs from a decoder. ``read`` blocks; returns None at end of stream."""
+
+    fps: float | None
+    time_base: Fraction | None
+
+    def read(self) -> Decoded | None: ...
+
+    def close(self) -> None: ...
+
+
+class PyAVReader:
+    """Decodes the first video stream of anything FFmpeg opens: files, URLs, capture devices.
+
+    ``timeout`` is PyAV's (open_s, read_s) interrupt timeout; it is best effort, which is why
+    live Sources also run a watchdog.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        label: str,
+        format: str | None = None,
+        options: dict[str, str] | None = None,
+        timeout: tuple[float, float] | None = None,
+        check_length: bool = False,
+        hint: str = "check the URL and that the stream is up",
+    ) -> None:
+        self.label, self._hint = label, hint
+        self._check_length = check_length
+        try:
+            self._container = av.open(url, format=format, options=options or {}, timeout=timeout)
+        except FileNotFoundError as exc:
+            raise SourceError(f"{label}: not found ({exc}); check the path or URL") from exc
+        except av.error.FFmpegError as exc:
+            raise SourceError(f"{label}: cannot open ({exc}); {hint}") from exc
+        if not self._container.streams.video:
+            self._container.close()
+            raise SourceError(f"{label}: contains no video stream; pass a video file, camera or stream URL")
+        stream = self._container.streams.video[0]
+        stream.thread_type = "AUTO"
+        self._stream = stream
+        self.time_base: Fraction | None = stream.time_base
+        rate = stream.average_rate or stream.guessed_rate
+        self.fps: float | None = float(rate) if rate else None
+        self._expected = int(stream.frames or 0)
+        self._decoded = 0
+        self._frames = self._container.decode(stream)
+
+    def read(self) -> Decoded | None:
+        try:
+            frame = next(self._frames)
+        except StopIteration:
+            if self._check_length and self._expected and self._decoded + 1 < self._expected:
+                raise SourceError(
+                    f"{self.label}: ended after {self._decoded} of {self._expected} frames; the file is "
+                    "truncated or corrupt — re-export or re-download it"
+                ) from None
+            return None
+        except av.error.FFmpegError as exc:
+            raise SourceError(f"{self.label}: decoding failed after {self._decoded} frames ({exc}); {self._hint}") from exc
+        self._decoded += 1
+        image = frame.to_ndarray(format="rgb24")
+        return Decoded(image, frame.pts, frame.time_base or self.time_base)
+
+    def close(self) -> None:
+        container, self._container = getattr(self, "_container", None), None
+        if container is not None:
+            try:
+                container.close()
+            except av.error.FFmpegError as exc:  # closing a broken stream must not mask the real error
+                log.debug("%s: error while closing: %s", self.label, exc)
+
+
+def open_file(path: str, *, label: str | None = None) -> PyAVReader:
+    """Open a video file; missing, unreadable, truncated or corrupt files raise SourceError."""
+    p = Path(path)
+    label = label or f"video file {path!r}"
+    if not p.exists():
+        raise SourceError(f"{label}: no such file; check the path (use --source demo for the built-in clip)")
+    if not p.is_file():
+        raise SourceError(f"{label}: not a regular file")
+    if p.stat().st_size == 0:
+        raise SourceError(f"{label}: file is empty; re-export or re-download it")
+    hint = "the file is truncated, corrupt or not a video; re-export or re-download it"
+    return PyAVReader(str(p), label=label, check_length=True, hint=hint)
+
+
+def open_network(url: str, *, open_timeout_s: float = 10.0, read_timeout_s: float = 5.0) -> PyAVReader:
+    """Open a network stream with low-delay demuxing (rtsp over TCP, no input buffering)."""
+    options = {"fflags": "nobuffer", "flags": "low_delay", "max_delay": "500000"}
+    if url.startswith(("rtsp://", "rtsps://")):
+        options["rtsp_transport"] = "tcp"
+        options["timeout"] = str(int(read_timeout_s * 1e6))  # socket timeout, microseconds
+    elif url.startswith(("http://", "https://", "tcp://", "rtmp://")):
+        options["rw_timeout"] = str(int(read_timeout_s * 1e6))
+    return PyAVReader(url, label=f"stream {url}", options=options, timeout=(open_timeout_s, read_timeout_s))
+
+
+def open_camera(device: str, *, width: int | None = None, height: int | None = None,
+                fps: float | None = None, open_timeout_s: float = 10.0) -> PyAVReader:
+    """Open a V4L2 capture device such as /dev/video0."""
+    label = f"camera {device}"
+    if not Path(device).exists():
+        raise SourceError(
+            f"{label}: no such device; connect a camera or list cameras with `v4l2-ctl --list-devices` "
+            "(or use --source demo)"
+        )
+    if "v4l2" not in av.formats_available:
+        raise SourceError(f"{label}: this FFmpeg build has no v4l2 input; install PyAV with v4l2 support")
+    options: dict[str, str] = {}
+    if width and height:
+        options["video_size"] = f"{width}x{height}"
+    if fps:
+        options["framerate"] = str(fps)
+    return PyAVReader(device, label=label, format="v4l2", options=options, timeout=(open_timeout_s, 5.0))
+
+
+class ImageReader:
+    """A sorted list of still images, one frame each; pts counts frames at ``fps``."""
+
+    def __init__(self, paths: list[Path], *, label: str, fps: float = 30.0) -> None:
+        if not paths:
+            raise SourceError(f"{label}: no images found (looked for {', '.join(sorted(IMAGE_SUFFIXES))})")
+        self.label = label
+        self._paths = list(paths)
+        self.fps: float | None = fps
+        self.time_base: Fraction | None = Fraction(1, 1) / Fraction(fps).limit_denominator(1000)
+        self._next = 0
+
+    def read(self) -> Decoded | None:
+        if self._next >= len(self._paths):
+            return None
+        path = self._paths[self._next]
+        bgr = cv2.imread(str(path), cv2.IMREAD_COLOR)
+        if bgr is None:
+            raise SourceError(f"{self.label}: cannot decode image {str(path)!r}; it is corrupt or not an image")
+        pts = self._next
+        self._next += 1
+        return Decoded(np.ascontiguousarray(bgr[:, :, ::-1]), pts, self.time_base)
+
+    def close(self) -> None:
+        self._next = len(self._paths)
+
+
+def image_paths(spec: str) -> list[Path]:
+    """Images named by a file, a folder (non-recursive) or a glob pattern, sorted by name."""
+    p = Path(spec)
+    if p.is_dir():
+        return sorted(q for q in p.iterdir() if q.suffix.lower() in IMAGE_SUFFIXES and q.is_file())
+    if any(ch in spec for ch in "*?["):
+        return sorted(Path(q) for q in glob.glob(spec) if Path(q).suffix.lower() in IMAGE_SUFFIXES)
+    return [p]

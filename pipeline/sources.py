@@ -1,0 +1,390 @@
+"""Frame sources: a decode thread per source, flow control, and a watchdog that reopens.
+
+``open_source(spec)`` turns a ``--source`` string into an opened ``Source``. Two policies:
+
+* ordered (files, images, ``demo``): every frame, in order, through a bounded queue; the decode
+  thread blocks on a full queue (checking the stop event), so nothing is dropped.
+* live (cameras, network streams, and files/demo with ``realtime=True``): a 1-slot mailbox;
+  the decode thread never blocks, the newest frame replaces an unread one, and each
+  replacement counts as a drop.
+
+Cameras and network streams also get a watchdog: when no frame arrives for
+``stall_timeout_s`` (or the stream errors or ends), the reader is abandoned and reopened with
+exponential backoff while ``read`` keeps returning None; ``health`` and ``reopens`` report it.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Callable, Iterator
+
+from pipeline.demo_source import DemoReader
+from pipeline.flow import Channel, Pacer, Terminal, open_with_timeout
+from pipeline.readers import (
+    IMAGE_SUFFIXES,
+    NETWORK_SCHEMES,
+    Decoded,
+    FrameReader,
+    ImageReader,
+    SourceEnded,
+    SourceError,
+    image_paths,
+    open_camera,
+    open_file,
+    open_network,
+)
+from pipeline.sinks import StreamInfo
+from stages.types import Frame
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Source", "SourceEnded", "SourceError", "open_source"]
+
+Opener = Callable[[], FrameReader]
+_JOIN_TIMEOUT_S = 2.0
+
+
+class Source:
+    """A started decode thread delivering Frames; see the module docstring for the policies.
+
+    ``read(timeout)`` returns the next Frame, None if none arrived within ``timeout`` seconds
+    (also during a reconnect), raises ``SourceEnded`` after the last frame of a finite source
+    (and on every later call), and raises ``SourceError`` when the source failed for good.
+    Frame indices count decoded frames, so gaps show drops.
+    """
+
+    def __init__(
+        self,
+        opener: Opener,
+        *,
+        label: str,
+        source_id: str = "src",
+        live: bool = False,
+        pace: bool = False,
+        reconnect: bool = False,
+        stall_timeout_s: float = 5.0,
+        open_timeout_s: float = 15.0,
+        queue_size: int = 8,
+        backoff_initial_s: float = 0.25,
+        backoff_max_s: float = 10.0,
+    ) -> None:
+        if stall_timeout_s <= 0 or open_timeout_s <= 0 or queue_size < 1:
+            raise ValueError("stall_timeout_s and open_timeout_s must be > 0 and queue_size >= 1")
+        self.label, self.source_id = label, source_id
+        self.live, self.pace, self.reconnect = live, pace, reconnect
+        self.stall_timeout_s, self.open_timeout_s = stall_timeout_s, open_timeout_s
+        self.backoff_initial_s, self.backoff_max_s = backoff_initial_s, backoff_max_s
+        self._opener = opener
+        self._channel = Channel(queue_size, latest_wins=live)
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._pending: tuple[FrameReader, Decoded] | None = None
+        self._info: StreamInfo | None = None
+        self._frames_decoded = self._frames_dropped = self._frames_delivered = self._reopens = 0
+        self._health = "starting"
+        self._last_frame = time.monotonic()
+
+    # -- counters -------------------------------------------------------------------------
+    @property
+    def frames_decoded(self) -> int:
+        return self._frames_decoded
+
+    @property
+    def frames_dropped(self) -> int:
+        """Frames decoded but replaced before anyone read them (live policy only)."""
+        return self._frames_dropped
+
+    @property
+    def frames_delivered(self) -> int:
+        return self._frames_delivered
+
+    @property
+    def reopens(self) -> int:
+        """Successful reopens after a stall, error or end of a live stream."""
+        return self._reopens
+
+    @property
+    def health(self) -> str:
+        """One of: starting, ok, stalled, reconnecting, ended, failed."""
+        return self._health
+
+    @property
+    def info(self) -> StreamInfo:
+        if self._info is None:
+            self.open()
+        assert self._info is not None
+        return self._info
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def open(self) -> StreamInfo:
+        """Open the reader and decode its first frame (bounded by open_timeout_s); idempotent."""
+        if self._info is None:
+            reader, first = self._open_reader()
+            self._pending = (reader, first)
+            self._info = StreamInfo(
+                source_id=self.source_id,
+                width=first.image.shape[1],
+                height=first.image.shape[0],
+                fps=reader.fps,
+                time_base=reader.time_base,
+                live=self.live,
+            )
+            self._health = "ok"
+        return self._info
+
+    def start(self) -> Source:
+        """Open if needed and start the decode thread; idempotent."""
+        if self._thread is None:
+            self.open()
+            assert self._pending is not None
+            reader, first = self._pending
+            self._pending = None
+            target = self._supervise if self.reconnect else self._decode
+            self._thread = threading.Thread(
+                target=target, args=(reader, first), name=f"source-{self.source_id}", daemon=True
+            )
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop decoding and release the reader; safe to call repeatedly and before start."""
+        self._stop.set()
+        if self._pending is not None:
+            self._pending[0].close()
+            self._pending = None
+        if self._thread is not None:
+            self._thread.join(timeout=_JOIN_TIMEOUT_S)
+            if self._thread.is_alive():
+                log.warning("%s: decode thread still busy after %.1f s; abandoning it", self.label, _JOIN_TIMEOUT_S)
+        self._channel.finish(Terminal(None))
+        if self._health != "failed":
+            self._health = "ended"
+
+    def __enter__(self) -> Source:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+    def read(self, timeout: float) -> Frame | None:
+        """Next frame, or None after ``timeout`` s; raises SourceEnded / SourceError (see class doc)."""
+        if self._thread is None and not self._stop.is_set():
+            self.start()
+        item = self._channel.get(timeout)
+        if item is None:
+            return None
+        if isinstance(item, Terminal):
+            if item.error is not None:
+                raise item.error
+            raise SourceEnded(f"{self.label}: end of stream")
+        with self._lock:
+            self._frames_delivered += 1
+        return item
+
+    def __iter__(self) -> Iterator[Frame]:
+        """Every frame until the source ends or is stopped (waits through reconnects)."""
+        while True:
+            try:
+                frame = self.read(timeout=0.5)
+            except SourceEnded:
+                return
+            if frame is not None:
+                yield frame
+
+    # -- threads --------------------------------------------------------------------------
+    def _open_reader(self) -> tuple[FrameReader, Decoded]:
+        return open_with_timeout(self._opener, label=self.label, timeout_s=self.open_timeout_s, stop=self._stop)
+
+    def _deliver(self, item: Decoded, abort: threading.Event) -> None:
+        with self._lock:
+            if abort.is_set():
+                return  # a stale session after a reopen; its frames are not ours any more
+            index = self._frames_decoded
+            self._frames_decoded += 1
+            self._last_frame = time.monotonic()
+            if self._health in ("stalled", "reconnecting", "starting"):
+                self._health = "ok"
+        frame = Frame(index, item.image, item.pts, item.time_base, time.time_ns(), self.source_id)
+        if self._channel.put(frame, lambda: abort.is_set() or self._stop.is_set()):
+            with self._lock:
+                self._frames_dropped += 1
+
+    def _pump(self, reader: FrameReader, first: Decoded, abort: threading.Event) -> None:
+        """Read until end of stream or abort; raises SourceError."""
+        pacer = Pacer(reader.fps) if self.pace else None
+        item: Decoded | None = first
+        while item is not None and not abort.is_set() and not self._stop.is_set():
+            if pacer is not None and not pacer.wait(item, self._stop):
+                return
+            self._deliver(item, abort)
+            item = reader.read()
+
+    def _decode(self, reader: FrameReader, first: Decoded) -> None:
+        """Thread body for sources without reconnect: run to the end, then post the terminal."""
+        error: SourceError | None = None
+        try:
+            self._pump(reader, first, self._stop)
+        except SourceError as exc:
+            error = exc
+        except Exception as exc:  # keep one clear error for the consumer instead of a dead thread
+            log.exception("%s: decoder crashed", self.label)
+            error = SourceError(f"{self.label}: decoder crashed ({exc!r})")
+        finally:
+            reader.close()
+        self._health = "failed" if error else "ended"
+        if error is not None:
+            log.error("%s", error)
+        self._channel.finish(Terminal(error))
+
+    def _supervise(self, reader: FrameReader, first: Decoded) -> None:
+        """Thread body for live sources: run sessions, reopen on stall/error/end with backoff."""
+        backoff = self.backoff_initial_s
+        while not self._stop.is_set():
+            decoded_before = self._frames_decoded
+            session = _Session(self, reader, first)
+            reason = self._watch(session)
+            session.abort()
+            if reason is None:
+                break
+            self._health = "reconnecting"
+            log.warning("%s: %s; reopening", self.label, reason)
+            if self._frames_decoded > decoded_before:
+                backoff = self.backoff_initial_s
+            opened = self._reopen(backoff)
+            if opened is None:
+                break
+            (reader, first), backoff = opened
+        self._channel.finish(Terminal(None))
+
+    def _watch(self, session: _Session) -> str | None:
+        """Wait until the session ends or stalls (returns why) or we are stopped (None)."""
+        poll = min(0.05, self.stall_timeout_s / 4)
+        while not self._stop.is_set():
+            if session.done.wait(poll):
+                return session.reason
+            if time.monotonic() - self._last_frame > self.stall_timeout_s:
+                self._health = "stalled"
+                return f"no frame for {self.stall_timeout_s:.1f} s (stalled)"
+        return None
+
+    def _reopen(self, backoff: float) -> tuple[tuple[FrameReader, Decoded], float] | None:
+        while not self._stop.wait(backoff):
+            backoff = min(backoff * 2, self.backoff_max_s)
+            try:
+                opened = self._open_reader()
+            except SourceError as exc:
+                log.warning("%s: reopen failed (%s); retrying in %.2f s", self.label, exc, backoff)
+                continue
+            with self._lock:
+                self._reopens += 1
+                self._last_frame = time.monotonic()
+            log.info("%s: reopened (reopen #%d)", self.label, self._reopens)
+            return opened, backoff
+        return None
+
+
+class _Session:
+    """One open reader being pumped on its own thread; abandoned (not joined) when it stalls."""
+
+    def __init__(self, source: Source, reader: FrameReader, first: Decoded) -> None:
+        self.reader = reader
+        self.done = threading.Event()
+        self.reason = "end of stream"
+        self._abort = threading.Event()
+        self._source = source
+        source._last_frame = time.monotonic()
+        threading.Thread(target=self._run, args=(first,), name=f"session-{source.source_id}", daemon=True).start()
+
+    def _run(self, first: Decoded) -> None:
+        try:
+            self._source._pump(self.reader, first, self._abort)
+        except SourceError as exc:
+            self.reason = str(exc)
+        except Exception as exc:  # reported to the supervisor, which reopens
+            log.exception("%s: reader crashed", self._source.label)
+            self.reason = f"reader crashed ({exc!r})"
+        finally:
+            self.reader.close()
+            self.done.set()
+
+    def abort(self) -> None:
+        self._abort.set()
+        interrupt = getattr(self.reader, "interrupt", None)
+        if callable(interrupt):
+            interrupt()
+
+
+def _sanitize(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_-]+", "_", name).strip("_") or "src"
+
+
+def open_source(
+    spec: str,
+    *,
+    realtime: bool = False,
+    stall_timeout_s: float = 5.0,
+    source_id: str | None = None,
+    open_timeout_s: float = 15.0,
+    queue_size: int = 8,
+    image_fps: float = 30.0,
+    camera_size: tuple[int, int] | None = None,
+    camera_fps: float | None = None,
+    backoff_max_s: float = 10.0,
+) -> Source:
+    """Open a source named by ``spec`` and decode its first frame; raises SourceError.
+
+    Specs: ``demo``; ``webcam`` / ``webcam:N`` / ``/dev/videoN``; rtsp/http(s)/udp/tcp URLs;
+    a video file; an image file; a folder or glob of images. ``realtime`` paces files, images
+    and the demo at their frame rate under the live (newest-wins) policy.
+    """
+    spec = spec.strip()
+    live, reconnect = realtime, False
+    opener: Opener
+    if spec == "demo":
+        opener, label, default_id = DemoReader, "demo clip", "demo"
+    elif spec == "webcam" or spec.startswith(("webcam:", "/dev/video")):
+        match = re.fullmatch(r"webcam(?::(\d+))?|/dev/video(\d+)", spec)
+        if match is None:
+            raise SourceError(f"bad camera spec {spec!r}; use webcam, webcam:N or /dev/videoN")
+        number = match.group(1) or match.group(2) or "0"
+        device = f"/dev/video{number}"
+        w, h = camera_size or (None, None)
+        opener = lambda: open_camera(device, width=w, height=h, fps=camera_fps, open_timeout_s=open_timeout_s)  # noqa: E731
+        label, default_id, live, reconnect = f"camera {device}", f"cam{number}", True, True
+    elif spec.lower().startswith(NETWORK_SCHEMES):
+        opener = lambda: open_network(spec, open_timeout_s=open_timeout_s, read_timeout_s=stall_timeout_s)  # noqa: E731
+        label, default_id, live, reconnect = f"stream {spec}", "stream", True, True
+    elif Path(spec).is_dir() or any(ch in spec for ch in "*?[") or Path(spec).suffix.lower() in IMAGE_SUFFIXES:
+        paths = image_paths(spec)
+        if len(paths) == 1 and not paths[0].is_file():
+            raise SourceError(f"image {spec!r}: no such file; check the path")
+        label = f"images {spec!r}"
+        opener = lambda: ImageReader(paths, label=label, fps=image_fps)  # noqa: E731
+        default_id = _sanitize(Path(spec).stem) if len(paths) == 1 else "images"
+    else:
+        label = f"video file {spec!r}"
+        opener = lambda: open_file(spec, label=label)  # noqa: E731
+        default_id = _sanitize(Path(spec).stem)
+    source = Source(
+        opener,
+        label=label,
+        source_id=source_id or default_id,
+        live=live,
+        pace=realtime and not reconnect,
+        reconnect=reconnect,
+        stall_timeout_s=stall_timeout_s,
+        open_timeout_s=open_timeout_s,
+        queue_size=queue_size,
+        backoff_max_s=backoff_max_s,
+    )
+    source.open()
+    log.info("opened %s: %dx%d, fps=%s, live=%s", label, source.info.width, source.info.height,
+             source.info.fps, live)
+    return source

@@ -1,0 +1,168 @@
+"""Annotators change the pixels they should, with the metadata's colours, and no others."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from stages.annotate import (
+    BANNER_COLOR,
+    TRACK_PALETTE,
+    Annotator,
+    BoxAnnotator,
+    HudAnnotator,
+    MatteAnnotator,
+    SegmentationAnnotator,
+    SkeletonAnnotator,
+    compose_annotators,
+)
+from stages.metadata import load_metadata
+from stages.types import Detections, Frame, FrameResult, Keypoints, Matte
+
+H, W = 240, 320
+GREY = 40
+
+
+def _result(image: np.ndarray | None = None, n: int = 1, **kwargs: object) -> FrameResult:
+    image = np.full((H, W, 3), GREY, np.uint8) if image is None else image
+    boxes = np.tile(np.array([[20, 20, 200, 220]], np.float32), (n, 1))
+    det = Detections(boxes, np.full(n, 0.9), np.arange(n) + 3)
+    return FrameResult(Frame(0, image, 0, None, 0), det, **kwargs)
+
+
+def _keypoints(points: dict[int, tuple[float, float]], score: float = 0.9) -> Keypoints:
+    k = load_metadata().num_keypoints
+    xy = np.zeros((1, k, 2), np.float32)
+    scores = np.zeros((1, k), np.float32)
+    for i, p in points.items():
+        xy[0, i] = p
+        scores[0, i] = score
+    return Keypoints(xy, scores)
+
+
+def test_skeleton_link_is_drawn_between_its_keypoints() -> None:
+    meta = load_metadata()
+    (a, b), color = meta.skeleton_links[0], meta.link_colors[0]
+    face = int(meta.face_indices[0])
+    result = _result(keypoints=_keypoints({int(a): (40, 120), int(b): (280, 120), face: (160, 30)}))
+    out = SkeletonAnnotator(thickness=3).annotate(result.frame.image.copy(), result)
+    np.testing.assert_array_equal(out[120, 160], color)  # middle of the link
+    np.testing.assert_array_equal(out[121, 100], color)
+    np.testing.assert_array_equal(out[120, 40], meta.keypoint_colors[a])  # endpoint dot on top
+    assert (out[30, 160] != GREY).any()  # face landmark dot
+    assert (out[60:100] == GREY).all()  # nothing between the link and the face dot
+    assert (out[140:] == GREY).all()
+
+
+def test_skeleton_skips_low_scores_and_leaves_input_shape() -> None:
+    meta = load_metadata()
+    a, b = (int(i) for i in meta.skeleton_links[0])
+    result = _result(keypoints=_keypoints({a: (40, 120), b: (280, 120)}, score=0.2))
+    out = SkeletonAnnotator(threshold=0.3).annotate(result.frame.image.copy(), result)
+    assert (out == GREY).all()
+    empty = _result(n=0, keypoints=Keypoints.empty())
+    assert (SkeletonAnnotator().annotate(empty.frame.image.copy(), empty) == GREY).all()
+
+
+def test_segmentation_overlay_colours_the_right_region() -> None:
+    meta = load_metadata()
+    torso = int(np.flatnonzero(meta.seg_class_names == "Torso")[0])
+    seg = np.full((H, W), meta.background_id, np.uint8)
+    seg[50:100, 60:120] = torso
+    result = _result(seg=seg)
+    out = SegmentationAnnotator(alpha=0.5).annotate(result.frame.image.copy(), result)
+    expected = np.round(0.5 * GREY + 0.5 * meta.seg_palette[torso].astype(float))
+    np.testing.assert_allclose(out[50:100, 60:120].reshape(-1, 3), np.tile(expected, (50 * 60, 1)), atol=1)
+    outside = np.ones((H, W), bool)
+    outside[50:100, 60:120] = False
+    assert (out[outside] == GREY).all()  # background untouched
+
+
+def test_segmentation_full_alpha_is_palette() -> None:
+    meta = load_metadata()
+    seg = (np.arange(H * W) % meta.num_classes).astype(np.uint8).reshape(H, W)
+    result = _result(seg=seg)
+    out = SegmentationAnnotator(alpha=1.0).annotate(result.frame.image.copy(), result)
+    body = seg != meta.background_id
+    np.testing.assert_array_equal(out[body], meta.seg_palette[seg[body]])
+
+
+def test_boxes_use_track_colour() -> None:
+    result = _result()
+    out = BoxAnnotator(thickness=2).annotate(result.frame.image.copy(), result)
+    np.testing.assert_array_equal(out[120, 200], TRACK_PALETTE[3])  # right edge of the box, id 3
+    assert (out[120, 100] == GREY).all()  # inside the box
+
+
+@pytest.mark.parametrize("mode", ["composite", "replace"])
+def test_matte_puts_person_over_background(mode: str) -> None:
+    image = np.full((H, W, 3), 200, np.uint8)
+    alpha = np.zeros((H, W), np.float32)
+    alpha[:, : W // 2] = 1.0
+    fg = np.zeros((H, W, 3), np.float32)
+    fg[:, : W // 2] = 100 / 255  # premultiplied foreground differs from the frame
+    result = _result(image=image, matte=Matte(alpha, fg))
+    out = MatteAnnotator(background=(0, 0, 255), mode=mode).annotate(image.copy(), result)
+    person = 100 if mode == "composite" else 200
+    assert (out[:, : W // 2] == person).all()
+    assert (out[:, W // 2 :] == (0, 0, 255)).all()
+
+
+def test_matte_background_image_is_resized() -> None:
+    bg = np.zeros((10, 20, 3), np.uint8)
+    bg[:] = (1, 2, 3)
+    result = _result(matte=Matte(np.zeros((H // 2, W // 2), np.float32), np.zeros((H // 2, W // 2, 3), np.float32)))
+    out = MatteAnnotator(background=bg, mode="replace").annotate(result.frame.image.copy(), result)
+    assert (out == (1, 2, 3)).all()
+
+
+def test_hud_banner_only_with_random_weights() -> None:
+    ticks = iter([0.0, 0.04])
+    hud = HudAnnotator(clock=lambda: next(ticks))
+    flagged = _result(random_weights=True, latency_ms={"pose": 12.5}, drops={"source": 2})
+    out = hud.annotate(flagged.frame.image.copy(), flagged)
+    banner = (out[:12] == BANNER_COLOR).all(axis=2).mean()
+    assert banner > 0.5
+    assert hud.lines(flagged) == ["FPS --", "pose 12.5ms", "drops source 2"]
+    plain = _result()
+    out = hud.annotate(plain.frame.image.copy(), plain)
+    assert not (out == BANNER_COLOR).all(axis=2).any()
+    assert hud.fps == pytest.approx(25.0)
+    assert (out[H // 2 :] == GREY).all()  # text stays in the corner
+
+
+def test_compose_orders_layers_and_keeps_the_frame() -> None:
+    chain = compose_annotators(["hud", "pose", "seg", "boxes", "matting"])
+    kinds = [type(a) for a in chain.annotators]
+    assert kinds == [MatteAnnotator, SegmentationAnnotator, BoxAnnotator, SkeletonAnnotator, HudAnnotator]
+    result = _result(random_weights=True)
+    out = chain(result)
+    assert (result.frame.image == GREY).all()
+    assert out is not result.frame.image and (out != GREY).any()
+    with pytest.raises(ValueError, match="unknown annotation task 'depth'"):
+        compose_annotators(["depth"])
+
+
+def test_rejects_bad_images() -> None:
+    with pytest.raises(ValueError, match=r"expected \(H, W, 3\) uint8 RGB"):
+        BoxAnnotator().annotate(np.zeros((H, W), np.uint8), _result())
+
+
+def test_full_hd_two_persons_chain_draws() -> None:
+    rng = np.random.default_rng(0)
+    h, w = 1080, 1920
+    image = rng.integers(0, 255, (h, w, 3), dtype=np.uint8)
+    det = Detections(np.array([[100, 100, 700, 1000], [900, 50, 1500, 1050]], np.float32), [0.9, 0.8], [1, 2])
+    lo, hi = det.boxes[:, None, :2], det.boxes[:, None, 2:]
+    kp = Keypoints(rng.uniform(lo, hi, (2, 308, 2)), np.ones((2, 308), np.float32))
+    seg = np.zeros((h, w), np.uint8)
+    seg[100:1000, 100:700] = rng.integers(1, 29, (900, 600))
+    seg[50:1050, 900:1500] = 22
+    result = FrameResult(Frame(0, image, 0, None, 0), det, kp, seg=seg, latency_ms={"pose": 20.0}, random_weights=True)
+    chain: Annotator = compose_annotators(["seg", "boxes", "pose", "hud"])
+    out = chain(result)  # speed is measured by bench/bench_overhead.py, not asserted here
+    assert out.shape == image.shape and out.dtype == np.uint8
+    assert not np.array_equal(out, image)
+    assert np.array_equal(result.frame.image, image)  # the chain drew on a copy

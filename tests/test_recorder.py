@@ -1,0 +1,183 @@
+"""VideoRecorder: real encodes, decoded back with PyAV."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from pathlib import Path
+
+import av
+import numpy as np
+import pytest
+
+from pipeline.recorder import RecorderError, VideoRecorder
+from pipeline.sinks import StreamInfo
+from stages.types import Frame, FrameResult
+
+pytestmark = pytest.mark.timeout(30)
+
+TB = Fraction(1, 30)
+
+
+def result(index: int, pts: int | None, *, w: int = 64, h: int = 48, capture_ns: int = 0,
+           annotated: bool = False, time_base: Fraction | None = TB) -> FrameResult:
+    image = np.full((h, w, 3), (index * 25) % 256, np.uint8)
+    frame = Frame(index, image, pts, time_base if pts is not None else None, capture_ns or index * 33_333_333)
+    out = FrameResult(frame)
+    if annotated:
+        out.annotated = np.full_like(image, 200)
+    return out
+
+
+def info(live: bool = False, w: int = 64, h: int = 48) -> StreamInfo:
+    return StreamInfo("test", w, h, 30.0, TB, live)
+
+
+def decode(path: Path) -> tuple[list[float], list[np.ndarray], av.video.stream.VideoStream]:
+    """Seconds and RGB images of every frame of ``path``."""
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        frames = list(container.decode(stream))
+        times = [float(f.pts * f.time_base) for f in frames]
+        return times, [f.to_ndarray(format="rgb24") for f in frames], stream
+
+
+def record(path: Path, results: list[FrameResult], stream_info: StreamInfo | None = None, **kwargs) -> VideoRecorder:
+    recorder = VideoRecorder(path, **kwargs)
+    try:
+        recorder.open(stream_info or info())
+        for r in results:
+            recorder.write(r)
+    finally:
+        recorder.close()
+    return recorder
+
+
+@pytest.mark.parametrize("codec", ["libx264", "mpeg4", "h264_nvenc"])
+def test_roundtrip_frame_count_size_and_timestamps(tmp_path: Path, codec: str) -> None:
+    path = tmp_path / "out.mp4"
+    recorder = record(path, [result(i, i) for i in range(20)], codec=codec)
+    assert recorder.codec in ("libx264", "mpeg4", "h264_nvenc")  # nvenc falls back without a GPU
+    times, images, _ = decode(path)
+    assert len(times) == 20
+    assert all(img.shape == (48, 64, 3) for img in images)
+    assert times == sorted(times) and len(set(times)) == 20
+    assert times[0] == pytest.approx(0.0) and times[-1] == pytest.approx(19 / 30, abs=2e-3)
+    assert abs(float(images[8].mean()) - 200) < 8  # content survives (lossy)
+
+
+def test_gaps_in_pts_are_kept_as_gaps(tmp_path: Path) -> None:
+    pts = [100, 101, 102, 110, 111, 130, 131, 132]  # drops upstream; recording starts at 0
+    path = tmp_path / "gaps.mp4"
+    record(path, [result(i, p) for i, p in enumerate(pts)])
+    times, _, _ = decode(path)
+    assert times == pytest.approx([(p - 100) / 30 for p in pts], abs=2e-3)
+
+
+def test_live_uses_capture_clock_and_never_duplicates(tmp_path: Path) -> None:
+    base = 1_700_000_000_000_000_000
+    captures = [base, base + 40_000_000, base + 40_000_000, base + 30_000_000, base + 500_000_000]
+    # pts restart (a reopen) must not matter for live sources: the capture clock is used
+    frames = [result(i, p, capture_ns=c) for i, (p, c) in enumerate(zip([5, 6, 0, 1, 2], captures))]
+    path = tmp_path / "live.mp4"
+    record(path, frames, info(live=True))
+    times, _, _ = decode(path)
+    assert len(times) == 5
+    assert all(b > a for a, b in zip(times, times[1:]))  # strictly increasing despite ties/backsteps
+    assert times[1] == pytest.approx(0.04, abs=1e-3) and times[-1] == pytest.approx(0.5, abs=1e-3)
+
+
+def test_annotated_image_is_recorded_and_odd_sizes_are_padded(tmp_path: Path) -> None:
+    path = tmp_path / "odd.mkv"
+    record(path, [result(i, i, w=63, h=47, annotated=True) for i in range(5)], info(w=63, h=47))
+    times, images, _ = decode(path)
+    assert len(images) == 5 and images[0].shape == (48, 64, 3)
+    assert abs(float(images[2].mean()) - 200) < 8
+
+
+def test_size_change_mid_stream_is_resized(tmp_path: Path) -> None:
+    path = tmp_path / "sizes.mp4"
+    record(path, [result(0, 0), result(1, 1, w=100, h=80), result(2, 2)])
+    _, images, _ = decode(path)
+    assert [img.shape for img in images] == [(48, 64, 3)] * 3
+
+
+def test_frames_without_pts_use_capture_clock(tmp_path: Path) -> None:
+    path = tmp_path / "nopts.mp4"
+    record(path, [result(i, None, capture_ns=1 + i * 100_000_000) for i in range(4)])
+    times, _, _ = decode(path)
+    assert times == pytest.approx([0.0, 0.1, 0.2, 0.3], abs=1e-3)
+
+
+def test_close_is_idempotent_and_finalises_after_an_error(tmp_path: Path) -> None:
+    path = tmp_path / "err.mp4"
+    recorder = VideoRecorder(path)
+    recorder.open(info())
+    for i in range(3):
+        recorder.write(result(i, i))
+    with pytest.raises(ValueError):
+        recorder.write(result(3, 3, w=0))  # a broken frame from upstream raises...
+    recorder.close()  # ...and the file is still finalised
+    recorder.close()
+    times, _, _ = decode(path)
+    assert len(times) == 3
+    with pytest.raises(RecorderError, match="after close"):
+        recorder.write(result(4, 4))
+
+
+def test_no_frames_means_no_file_and_bad_options_fail_clearly(tmp_path: Path) -> None:
+    recorder = VideoRecorder(tmp_path / "never.mp4")
+    recorder.open(info())
+    recorder.close()
+    assert not (tmp_path / "never.mp4").exists()
+    with pytest.raises(RecorderError, match="unknown codec"):
+        VideoRecorder(tmp_path / "x.mp4", codec="divx")
+    recorder = VideoRecorder(tmp_path / "x.notaformat")
+    with pytest.raises(RecorderError, match="cannot create"):
+        recorder.write(result(0, 0))
+    recorder.close()
+
+
+def test_bitrate_option(tmp_path: Path) -> None:
+    path = tmp_path / "br.mp4"
+    recorder = record(path, [result(i, i) for i in range(10)], bitrate=200_000, fps=25)
+    times, _, stream = decode(path)
+    assert len(times) == 10 and recorder.frames_written == 10
+
+
+def test_falls_back_to_mpeg4_when_libx264_is_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import pipeline.recorder as recorder_module
+
+    real_probe = recorder_module._probe_encoder
+    monkeypatch.setattr(recorder_module, "_probe_encoder",
+                        lambda name, *args: name != "libx264" and real_probe(name, *args))
+    path = tmp_path / "fallback.mp4"
+    recorder = record(path, [result(i, i) for i in range(6)], codec="libx264")
+    assert recorder.codec == "mpeg4"
+    times, _, stream = decode(path)
+    assert len(times) == 6 and stream.codec_context.name == "mpeg4"
+    assert times == pytest.approx([i / 30 for i in range(6)], abs=2e-3)
+
+
+def test_recording_a_live_source_with_drops(tmp_path: Path) -> None:
+    import time
+
+    from pipeline.demo_source import SyntheticCamera
+    from pipeline.sources import Source
+
+    camera = SyntheticCamera(fps=300.0)
+    path = tmp_path / "live.mp4"
+    recorder = VideoRecorder(path)
+    with Source(camera.open, label="synthetic", source_id="cam0", live=True, reconnect=True) as source:
+        recorder.open(source.info)
+        try:
+            for _ in range(15):
+                time.sleep(0.02)  # slower than the camera: frames are dropped upstream
+                frame = source.read(timeout=1.0)
+                assert frame is not None
+                recorder.write(FrameResult(frame))
+        finally:
+            recorder.close()
+    assert source.frames_dropped > 0
+    times, _, _ = decode(path)
+    assert len(times) == 15 and all(b > a for a, b in zip(times, times[1:]))
+    assert 0.2 < times[-1] < 1.0  # spans real elapsed time (~14 x 20 ms), not 15 / 30 s

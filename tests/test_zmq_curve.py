@@ -1,0 +1,69 @@
+"""CURVE: only listed client keys receive anything."""
+
+from __future__ import annotations
+
+import time
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline.netcli import make_keys
+from pipeline.publisher import CurveServerKeys, PublishError, ZmqPublisher
+from pipeline.sinks import StreamInfo
+from pipeline.subscriber import CurveClientKeys, KeypointsMessage, ReceiveTimeout, Subscriber
+from stages.types import Detections, Frame, FrameResult, Keypoints
+
+
+def _result(i: int) -> FrameResult:
+    frame = Frame(i, np.zeros((16, 16, 3), np.uint8), i, Fraction(1, 30), time.time_ns())
+    det = Detections(np.ones((1, 4), np.float32), np.ones(1, np.float32), np.zeros(1, np.int64))
+    return FrameResult(frame, det, Keypoints(np.full((1, 308, 2), i, np.float32), np.ones((1, 308), np.float32)))
+
+
+@pytest.fixture
+def keys(tmp_path: Path) -> Path:
+    make_keys(tmp_path / "keys", ["alice"])
+    make_keys(tmp_path / "other", ["mallory"])  # a well-formed key pair the publisher does not list
+    return tmp_path
+
+
+@pytest.fixture
+def pub(keys: Path):
+    p = ZmqPublisher("tcp://127.0.0.1:*", curve=CurveServerKeys.from_dir(keys / "keys"), status_interval_s=0.1)
+    p.open(StreamInfo("cam0", 16, 16, 30.0, Fraction(1, 30), live=True))
+    yield p
+    p.close()
+
+
+def test_authorised_subscriber_receives_everything_others_nothing(keys: Path, pub: ZmqPublisher) -> None:
+    server_public = CurveServerKeys.from_dir(keys / "keys").public
+    mallory = CurveClientKeys.from_dir(keys / "other", "mallory")
+    intruder = CurveClientKeys(mallory.public, mallory.secret, server_public)  # knows the server key
+    alice = Subscriber(pub.endpoint, ["keypoints"], curve=CurveClientKeys.from_dir(keys / "keys", "alice"))
+    bad = Subscriber(pub.endpoint, ["keypoints"], curve=intruder)
+    plain = Subscriber(pub.endpoint, ["keypoints"])
+    try:
+        assert pub.wait_for_subscriber("keypoints.cam0", 5)
+        time.sleep(0.3)  # give the refused handshakes time to finish (and fail)
+        for i in range(5):
+            pub.write(_result(i))
+            time.sleep(0.01)
+        got = [alice.recv(timeout_s=2) for _ in range(5)]
+        assert [m.meta.frame_index for m in got] == list(range(5))
+        assert all(isinstance(m, KeypointsMessage) and m.keypoints[0, 0, 0] == m.meta.frame_index for m in got)
+        for sub in (bad, plain):
+            with pytest.raises(ReceiveTimeout):
+                sub.recv(timeout_s=0.5)
+            assert sub.stats.received == 0
+    finally:
+        for s in (alice, bad, plain):
+            s.close()
+
+
+def test_missing_keys_are_actionable(tmp_path: Path) -> None:
+    with pytest.raises(PublishError, match="sapiens2-stream keys"):
+        CurveServerKeys.from_dir(tmp_path)
+    with pytest.raises(FileNotFoundError, match="sapiens2-stream keys"):
+        CurveClientKeys.from_dir(tmp_path)

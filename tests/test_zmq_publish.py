@@ -1,0 +1,313 @@
+"""ZmqPublisher + Subscriber on real loopback sockets (ephemeral ports, bounded waits)."""
+
+from __future__ import annotations
+
+import re
+import time
+from fractions import Fraction
+from pathlib import Path
+
+import msgpack
+import numpy as np
+import pytest
+import zmq
+
+from pipeline import wire
+from pipeline.publisher import PublishError, ZmqPublisher
+from pipeline.sinks import StreamInfo
+from pipeline.subscriber import (
+    FrameMessage,
+    KeypointsMessage,
+    MatteMessage,
+    ReceiveTimeout,
+    SegMessage,
+    StatusMessage,
+    Subscriber,
+)
+from stages.types import Detections, Frame, FrameResult, Keypoints, Matte
+
+H, W = 48, 64
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "WIRE.md"
+
+
+def make_result(i: int, n: int = 2, h: int = H, w: int = W, noise: bool = False) -> FrameResult:
+    rng = np.random.default_rng(i)
+    image = rng.integers(0, 256, (h, w, 3), dtype=np.uint8) if noise else np.full((h, w, 3), i % 256, np.uint8)
+    frame = Frame(index=i, image=image, pts=i * 3000, time_base=Fraction(1, 90000), capture_ns=1_000_000 * i + 5,
+                  source_id="cam0")
+    det = Detections(rng.random((n, 4), dtype=np.float32) * 40, rng.random(n, dtype=np.float32), np.arange(n) + 10)
+    kp = Keypoints(rng.random((n, 308, 2), dtype=np.float32) * 50, rng.random((n, 308), dtype=np.float32))
+    alpha = rng.random((h, w), dtype=np.float32)
+    return FrameResult(frame, det, kp, seg=rng.integers(0, 29, (h, w), dtype=np.uint8),
+                       matte=Matte(alpha, np.zeros((h, w, 3), np.float32)), annotated=image.copy(),
+                       latency_ms={"det": 1.25, "pose": 4.5}, drops={"capture": i}, random_weights=True)
+
+
+def open_pub(source: str = "cam0", **kw: object) -> ZmqPublisher:
+    pub = ZmqPublisher("tcp://127.0.0.1:*", status_interval_s=0.1, **kw)  # type: ignore[arg-type]
+    pub.open(StreamInfo(source, W, H, 30.0, Fraction(1, 90000), live=True))
+    return pub
+
+
+def recv_until(sub: Subscriber, pred, n: int, timeout_s: float = 5.0) -> list:
+    out, deadline = [], time.monotonic() + timeout_s
+    while len(out) < n and time.monotonic() < deadline:
+        try:
+            msg = sub.recv(timeout_s=0.2)
+        except ReceiveTimeout:
+            continue
+        if pred(msg):
+            out.append(msg)
+    return out
+
+
+@pytest.fixture
+def pub():
+    p = open_pub()
+    yield p
+    p.close()
+
+
+def test_round_trip_every_field(pub: ZmqPublisher) -> None:
+    with Subscriber(pub.endpoint, [""], timeout_s=2) as sub:
+        assert pub.wait_for_subscriber("frame.cam0", 5)
+        results = [make_result(i) for i in range(4)]
+        for r in results:
+            pub.write(r)
+            time.sleep(0.02)  # a camera's pace; bursts beyond the image high-water mark drop
+        got = recv_until(sub, lambda m: not isinstance(m, StatusMessage), 16)
+        assert not pub.stats.dropped
+    by_kind: dict[type, list] = {}
+    for m in got:
+        by_kind.setdefault(type(m), []).append(m)
+    assert {k: len(v) for k, v in by_kind.items()} == {KeypointsMessage: 4, FrameMessage: 4, SegMessage: 4, MatteMessage: 4}
+    for r, k, f, s, m in zip(results, *(by_kind[t] for t in (KeypointsMessage, FrameMessage, SegMessage, MatteMessage))):
+        for msg in (k, f, s, m):
+            meta = msg.meta
+            assert (meta.source_id, meta.frame_index, meta.pts, meta.time_base, meta.capture_ns) == (
+                "cam0", r.frame.index, r.frame.pts, r.frame.time_base, r.frame.capture_ns)
+            assert meta.latency_ms == r.latency_ms and meta.drops == {"capture": r.frame.index}
+            assert (meta.width, meta.height, meta.random_weights) == (W, H, True)
+            assert msg.header["publish_ns"] >= r.frame.capture_ns
+        assert np.array_equal(k.keypoints, r.keypoints.xy) and np.array_equal(k.keypoint_scores, r.keypoints.scores)
+        assert np.array_equal(k.boxes, r.detections.boxes) and np.array_equal(k.box_scores, r.detections.scores)
+        assert np.array_equal(k.track_ids, r.detections.track_ids) and k.header["num_persons"] == 2
+        assert np.abs(f.image.astype(int) - r.annotated.astype(int)).max() <= 2 and f.annotated
+        assert np.array_equal(s.classes, r.seg)
+        assert np.abs(m.alpha_float - r.matte.alpha).max() <= 0.5 / 255 + 1e-6
+
+
+def test_status_reports_fps_health_and_drops(pub: ZmqPublisher) -> None:
+    with Subscriber(pub.endpoint, ["status"], timeout_s=2) as sub:
+        assert pub.wait_for_subscriber("status.cam0", 5)
+        pub.set_health("stalled")
+        msg = recv_until(sub, lambda m: m.health == "stalled", 1)[0]
+    assert isinstance(msg, StatusMessage) and msg.source_id == "cam0" and msg.frames == 0
+    assert set(msg.header) >= {"fps", "drops", "health", "uptime_s", "width", "height", "random_weights"}
+
+
+def test_images_are_not_encoded_without_subscribers(pub: ZmqPublisher) -> None:
+    with Subscriber(pub.endpoint, ["keypoints"], timeout_s=2) as sub:
+        assert pub.wait_for_subscriber("keypoints.cam0", 5)
+        for i in range(3):
+            pub.write(make_result(i))
+        assert len(recv_until(sub, lambda m: True, 3)) == 3
+    assert pub.stats.encoded["keypoints"] == 3
+    assert pub.stats.encoded["frame"] == pub.stats.encoded["seg"] == pub.stats.encoded["matte"] == 0
+
+
+def test_keypoints_none_publishes_zero_keypoints(pub: ZmqPublisher) -> None:
+    r = make_result(0, n=0)
+    r.keypoints = None
+    with Subscriber(pub.endpoint, ["keypoints"], timeout_s=2) as sub:
+        assert pub.wait_for_subscriber("keypoints.cam0", 5)
+        pub.write(r)
+        (msg,) = recv_until(sub, lambda m: True, 1)
+    assert msg.keypoints.shape == (0, 0, 2) and msg.boxes.shape == (0, 4)
+
+
+def _run_with_stalled_subscriber(pub: ZmqPublisher, healthy: Subscriber, n: int) -> tuple[float, float]:
+    big = [make_result(i, h=480, w=640, noise=True) for i in range(8)]  # noisy images, ~0.3 MB each
+    worst, t0 = 0.0, time.monotonic()
+    for i in range(n):
+        r = big[i % 8]
+        r.frame.index = i
+        s = time.perf_counter()
+        pub.write(r)
+        worst = max(worst, time.perf_counter() - s)
+        if i % 10 == 0:
+            recv_until(healthy, lambda m: True, 10**6, timeout_s=0.0)  # the healthy one keeps reading
+    return worst, time.monotonic() - t0
+
+
+@pytest.mark.parametrize("isolate", [True, False])
+def test_stalled_subscriber_does_not_slow_publisher_and_drops_are_reported(isolate: bool) -> None:
+    pub = open_pub(isolate_subscribers=isolate)
+    stalled = Subscriber(pub.endpoint, ["frame", "seg", "matte"], rcvhwm=2)
+    healthy = Subscriber(pub.endpoint, ["keypoints", "status"], timeout_s=2)
+    n = 150
+    try:
+        assert pub.wait_for_subscriber("frame.cam0", 5) and pub.wait_for_subscriber("status.cam0", 5)
+        worst, elapsed = _run_with_stalled_subscriber(pub, healthy, n)
+        assert worst < 0.5 and elapsed < 20, (worst, elapsed)
+        assert pub.stats.dropped["frame"] >= (1 if isolate else n // 2), pub.stats
+        status = recv_until(healthy, lambda m: isinstance(m, StatusMessage) and m.drops.get("publish_frame", 0) > 0, 1)
+        assert status, "no status with drop counters reached the healthy subscriber"
+        pub.write(make_result(n))
+        recv_until(healthy, lambda m: isinstance(m, KeypointsMessage) and m.meta.frame_index == n, 1)
+        assert healthy.stats.missed == 0  # keypoints are not held back by the stalled frame reader
+    finally:
+        stalled.close()
+        healthy.close()
+        pub.close()
+
+
+def test_isolated_subscribers_get_everything_while_another_stalls() -> None:
+    pub = open_pub()
+    stalled = Subscriber(pub.endpoint, [""], rcvhwm=2)
+    healthy = Subscriber(pub.endpoint, ["frame"], timeout_s=2)
+    try:
+        assert pub.wait_for_subscriber("frame.cam0", 5)
+        got = []
+        big = make_result(0, h=480, w=640, noise=True)
+        for i in range(40):
+            big.frame.index = i
+            pub.write(big)
+            got += recv_until(healthy, lambda m: True, 1, timeout_s=1)
+        assert sum(pub.stats.dropped.values()) >= 1  # the stalled subscriber's queue did fill up
+        assert [m.meta.frame_index for m in got] == list(range(40))
+    finally:
+        stalled.close()
+        healthy.close()
+        pub.close()
+
+
+def test_late_joiner_and_restarted_subscriber_get_next_frames(pub: ZmqPublisher) -> None:
+    for i in range(3):
+        pub.write(make_result(i))  # nobody listens yet: nothing encoded
+    assert pub.stats.encoded["keypoints"] == 0
+    for attempt in range(2):  # second round: a crashed subscriber (closed, no linger) restarting
+        with Subscriber(pub.endpoint, ["keypoints"], timeout_s=2) as sub:
+            assert pub.wait_for_subscriber("keypoints.cam0", 5)
+            base = 10 * (attempt + 1)
+            for i in range(base, base + 3):
+                pub.write(make_result(i))
+            got = recv_until(sub, lambda m: True, 3)
+        assert [m.meta.frame_index for m in got] == [base, base + 1, base + 2]
+        deadline = time.monotonic() + 5
+        while pub.subscribed("keypoints.cam0") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not pub.subscribed("keypoints.cam0")
+
+
+def test_latest_only_drains_to_newest_frame(pub: ZmqPublisher) -> None:
+    with Subscriber(pub.endpoint, ["frame"], latest_only=True, timeout_s=2) as sub:
+        assert pub.wait_for_subscriber("frame.cam0", 5)
+        for i in range(4):
+            pub.write(make_result(i))
+        time.sleep(0.3)
+        msg = sub.recv()
+        assert isinstance(msg, FrameMessage) and msg.meta.frame_index == 3
+        assert sub.stats.superseded == 3
+        with pytest.raises(ReceiveTimeout, match="within"):
+            sub.recv(timeout_s=0.1)
+
+
+def _raw_pub() -> tuple[zmq.Context, zmq.Socket, str]:
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.PUB)
+    sock.linger = 0
+    sock.bind("tcp://127.0.0.1:*")
+    return ctx, sock, sock.getsockopt_string(zmq.LAST_ENDPOINT)
+
+
+def test_malformed_and_oversized_are_skipped_and_counted() -> None:
+    ctx, sock, ep = _raw_pub()
+    good = wire.encode("status", "cam0", {"fps": 1.0, "health": "ok", "frames": 1, "last_frame_index": 0,
+                                          "drops": {}}, publish_ns=1)
+    try:
+        with Subscriber(ep, [""], timeout_s=0.2, max_message_bytes=10_000) as sub:
+            deadline = time.monotonic() + 5
+            while not recv_until(sub, lambda m: True, 1, timeout_s=0.05):
+                sock.send_multipart(good)  # slow-joiner: repeat until one gets through
+                assert time.monotonic() < deadline
+            sock.send_multipart([b"status.cam0", b"\xc1junk"])
+            sock.send_multipart([b"status.cam0", b"x" * 20_000])
+            sock.send(b"status.single")
+            sock.send_multipart(good)
+            msg = recv_until(sub, lambda m: True, 1)[0]
+            assert isinstance(msg, StatusMessage)
+            assert (sub.stats.malformed, sub.stats.oversized) == (2, 1)
+            header = msgpack.unpackb(good[1])
+            header["version"] = wire.SCHEMA_VERSION + 1
+            sock.send_multipart([good[0], msgpack.packb(header)])
+            with pytest.raises(wire.SchemaVersionError, match="install matching"):
+                sub.recv(timeout_s=2)
+    finally:
+        sock.close()
+        ctx.term()
+
+
+def test_source_filter_keeps_exact_source() -> None:
+    p1, p10 = open_pub("cam1"), open_pub("cam10")
+    try:
+        with Subscriber(p1.endpoint, ["keypoints"], sources=["cam1"], timeout_s=2) as sub:
+            sub._sock.connect(p10.endpoint)  # one subscriber, two publishers
+            assert p1.wait_for_subscriber("keypoints.cam1", 5)
+            assert p10.wait_for_subscriber("keypoints.cam10", 5)  # prefix "keypoints.cam1" matches cam10
+            p10.write(make_result(0))
+            p1.write(make_result(1))
+            got = recv_until(sub, lambda m: True, 1)
+            with pytest.raises(ReceiveTimeout):
+                sub.recv(timeout_s=0.3)
+            assert [m.meta.source_id for m in got] == ["cam1"] and sub.stats.filtered == 1
+    finally:
+        p1.close()
+        p10.close()
+
+
+def test_bind_conflict_is_a_publish_error(pub: ZmqPublisher) -> None:
+    other = ZmqPublisher(pub.endpoint)
+    with pytest.raises(PublishError, match="choose another endpoint"):
+        other.open(StreamInfo("cam0", W, H, None, None, live=True))
+
+
+def test_close_is_bounded_with_unread_messages() -> None:
+    p = open_pub(linger_ms=200)
+    sub = Subscriber(p.endpoint, [""], rcvhwm=1)
+    assert p.wait_for_subscriber("frame.cam0", 5)
+    for i in range(20):
+        p.write(make_result(i, h=480, w=640, noise=True))
+    t0 = time.monotonic()
+    p.close()
+    assert time.monotonic() - t0 < 3
+    sub.close()
+
+
+def test_docs_example_decodes_keypoints_and_frames(pub: ZmqPublisher) -> None:
+    """The Python example in docs/WIRE.md, run as-is (pyzmq + msgpack + numpy + cv2 only)."""
+    code = re.search(r"```python\n(.*?)```", DOCS.read_text(), re.S).group(1)
+    assert "import pipeline" not in code and "from pipeline" not in code
+    namespace: dict = {"__name__": "docs_example"}
+    exec(compile(code, str(DOCS), "exec"), namespace)
+    sock = zmq.Context.instance().socket(zmq.SUB)
+    sock.linger = 0
+    sock.setsockopt(zmq.RCVTIMEO, 2000)
+    sock.subscribe(b"keypoints.")
+    sock.subscribe(b"frame.")
+    sock.connect(pub.endpoint)
+    try:
+        assert pub.wait_for_subscriber("frame.cam0", 5)
+        r = make_result(3)
+        pub.write(r)
+        decoded = {}
+        for _ in range(2):
+            topic, header, arrays = namespace["decode"](sock.recv_multipart())
+            decoded[header["kind"]] = (header, arrays)
+    finally:
+        sock.close()
+    header, arrays = decoded["keypoints"]
+    assert header["frame_index"] == 3 and np.array_equal(arrays["keypoints"], r.keypoints.xy)
+    assert np.array_equal(arrays["track_ids"], r.detections.track_ids)
+    image = decoded["frame"][1]["image"]
+    assert image.shape == (H, W, 3) and np.abs(image.astype(int) - r.annotated.astype(int)).max() <= 2
