@@ -87,7 +87,8 @@ def test_pose_pipeline_matches_reference(tmp_path, flip):
     xywh = [[[float(x1), float(y1), float(x2 - x1), float(y2 - y1)] for x1, y1, x2, y2 in boxes]]
     proc = Sapiens2ImageProcessor(size={"height": 128, "width": 96})
     inputs = proc(image, boxes=xywh, return_tensors="pt")
-    est = PoseEstimator(tmp_path, device="cpu", flip_test=flip)
+    # max_refine_offset=None: the reference's refinement exactly, wild Newton steps included
+    est = PoseEstimator(tmp_path, device="cpu", flip_test=flip, max_refine_offset=None)
     with torch.no_grad():
         out = ref(inputs["pixel_values"])
         flipped = ref(inputs["pixel_values"].flip(-1), flip_pairs=est.flip_pairs) if flip else None
@@ -156,3 +157,27 @@ def test_bfloat16_close_to_float32(tmp_path):
     assert half.dtype == torch.bfloat16
     rel = (half.float() - full).norm() / full.norm()
     assert rel < 0.05
+
+
+def test_default_refinement_drops_wild_newton_steps(tmp_path):
+    """By default a DARK step longer than one heatmap pixel (flat/saddle neighbourhood) is dropped,
+    so keypoints stay next to their heatmap peak; the exact-reference mode keeps them."""
+    ref = reference_model("pose", image_size=[128, 96])
+    ref.save_pretrained(tmp_path)
+    image = _photo()
+    boxes = np.array([[10, 5, 300, 230], [40, 20, 200, 220]], np.float32)
+    safe = PoseEstimator(tmp_path, device="cpu").predict(image, boxes)
+    exact = PoseEstimator(tmp_path, device="cpu", max_refine_offset=None).predict(image, boxes)
+    est = PoseEstimator(tmp_path, device="cpu")
+    with torch.no_grad():
+        image_t, boxes_t = est.image_tensor(image), torch.as_tensor(boxes)
+        heatmaps = est.infer(est.preprocess(image_t, boxes_t), 2)
+    from stages.sapiens2.postprocess import argmax_keypoints, crop_params
+
+    peak, _ = argmax_keypoints(heatmaps)
+    center, size = crop_params(boxes_t, (128, 96))
+    hm = torch.tensor([heatmaps.shape[-1] - 1, heatmaps.shape[-2] - 1], dtype=torch.float32)
+    peak_px = (peak / hm * size[:, None] + center[:, None] - 0.5 * size[:, None]).numpy()
+    cell = (size / hm).numpy()[:, None, :]  # image pixels per heatmap pixel, (N, 1, 2)
+    assert (np.abs(safe.xy - peak_px) <= 1.001 * cell).all()
+    assert (np.abs(exact.xy - peak_px) > 2 * cell).any()  # the hazard is real on random weights

@@ -68,17 +68,10 @@ def config_from_json(data: Any, where: str = "config.json") -> Sapiens2Config:
         raise ConfigError(f"{where}: missing required field 'head_config'")
     up = _int_list(head, "upsample_out_channels", where, required=True)
     conv = _int_list(head, "conv_out_channels", where) or []
-    head_cfg = HeadConfig(
-        upsample_out_channels=up,
-        upsample_kernel_sizes=_int_list(head, "upsample_kernel_sizes", where) or [head.get("upsample_kernel_size", 4)] * len(up),
-        conv_out_channels=conv,
-        conv_kernel_sizes=_int_list(head, "conv_kernel_sizes", where) or [head.get("conv_kernel_size", 1)] * len(conv),
-        use_pixel_shuffle=bool(head.get("use_pixel_shuffle")),
-        scale_conv_out_channels=_int_list(head, "scale_conv_out_channels", where),
-        scale_conv_kernel_sizes=_int_list(head, "scale_conv_kernel_sizes", where),
-        scale_final_hidden_sizes=_int_list(head, "scale_final_hidden_sizes", where),
-        scale_final_input_size=head.get("scale_final_input_size"),
-    )
+    try:
+        head_cfg = _head_config(head, up, conv, where)
+    except ConfigError as exc:
+        raise ConfigError(str(exc) if str(exc).startswith(where) else f"{where}: {exc}") from None
     labels = data.get("id2label")
     num_labels = len(labels) if isinstance(labels, dict) and labels else data.get("num_labels", DEFAULT_NUM_LABELS[task])
     image_size = data.get("image_size", [1024, 768])
@@ -95,6 +88,20 @@ def config_from_json(data: Any, where: str = "config.json") -> Sapiens2Config:
                               num_key_value_heads_per_layer=list(kv or []), **kwargs)
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None
+
+
+def _head_config(head: dict, up: list[int], conv: list[int], where: str) -> HeadConfig:
+    return HeadConfig(
+        upsample_out_channels=up,
+        upsample_kernel_sizes=_int_list(head, "upsample_kernel_sizes", where) or [head.get("upsample_kernel_size", 4)] * len(up),
+        conv_out_channels=conv,
+        conv_kernel_sizes=_int_list(head, "conv_kernel_sizes", where) or [head.get("conv_kernel_size", 1)] * len(conv),
+        use_pixel_shuffle=bool(head.get("use_pixel_shuffle")),
+        scale_conv_out_channels=_int_list(head, "scale_conv_out_channels", where),
+        scale_conv_kernel_sizes=_int_list(head, "scale_conv_kernel_sizes", where),
+        scale_final_hidden_sizes=_int_list(head, "scale_final_hidden_sizes", where),
+        scale_final_input_size=head.get("scale_final_input_size"),
+    )
 
 
 def config_to_json(cfg: Sapiens2Config, flip_pairs: list[list[int]] | None = None) -> dict[str, Any]:

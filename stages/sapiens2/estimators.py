@@ -79,9 +79,10 @@ class PoseEstimator(_Estimator):
 
     def __init__(self, model: Sapiens2 | str | os.PathLike, input_size: tuple[int, int] | None = None,
                  flip_test: bool = False, flip_pairs: np.ndarray | None = None, blur_kernel: int = 11,
-                 padding: float = 1.25, **kwargs) -> None:
+                 padding: float = 1.25, max_refine_offset: float | None = 1.0, **kwargs) -> None:
         super().__init__(model, input_size, **kwargs)
         self.flip_test, self.blur_kernel, self.padding = flip_test, blur_kernel, padding
+        self.max_refine_offset = max_refine_offset  # None: keep every DARK step, as the reference
         if flip_pairs is None:
             from ..metadata import load_metadata
 
@@ -110,7 +111,7 @@ class PoseEstimator(_Estimator):
         return heatmaps[:n]
 
     def postprocess(self, heatmaps: Tensor, boxes: Tensor) -> tuple[Tensor, Tensor]:
-        return decode_pose(heatmaps, boxes, self.input_size, self.blur_kernel, self.padding)
+        return decode_pose(heatmaps, boxes, self.input_size, self.blur_kernel, self.padding, self.max_refine_offset)
 
     @torch.inference_mode()
     def predict(self, image: np.ndarray, boxes: np.ndarray) -> Keypoints:

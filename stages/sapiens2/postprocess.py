@@ -41,13 +41,19 @@ def argmax_keypoints(heatmaps: Tensor) -> tuple[Tensor, Tensor]:
     return torch.where(scores[..., None] > 0, xy, torch.full_like(xy, -1.0)), scores
 
 
-def dark_udp_refine(xy: Tensor, heatmaps: Tensor, kernel: int = 11) -> Tensor:
-    """Sub-pixel refinement: one Newton step on the blurred log-heatmap around each argmax."""
+def dark_udp_refine(xy: Tensor, heatmaps: Tensor, kernel: int = 11, max_offset: float | None = 1.0) -> Tensor:
+    """Sub-pixel refinement: one Newton step on the blurred log-heatmap around each argmax.
+
+    A flat or saddle-shaped neighbourhood (det ~ 0) gives a wild step; steps longer than
+    max_offset heatmap pixels are dropped (None keeps them, exactly as the reference does).
+    """
     b, k, h, w = heatmaps.shape
+    valid = (xy >= 0).all(-1, keepdim=True)  # no positive peak -> stays at -1, not refined
+    xy_in = torch.where(valid, xy, torch.zeros_like(xy))
     logh = blur_preserve_max(heatmaps, kernel).clamp(1e-3, 50.0).log()
     padded = F.pad(logh, (1, 1, 1, 1), mode="replicate").reshape(b, k, -1)  # (B, K, (h+2)(w+2))
     pw = w + 2
-    centre = (xy[..., 0].long() + 1) + (xy[..., 1].long() + 1) * pw  # (B, K)
+    centre = (xy_in[..., 0].long() + 1) + (xy_in[..., 1].long() + 1) * pw  # (B, K)
     offsets = torch.tensor([0, 1, -1, pw, -pw, pw + 1, -pw - 1], device=xy.device)
     v = padded.gather(2, centre[..., None] + offsets)  # (B, K, 7)
     c, xp, xm, yp, ym, pp, mm = v.unbind(-1)
@@ -60,7 +66,11 @@ def dark_udp_refine(xy: Tensor, heatmaps: Tensor, kernel: int = 11) -> Tensor:
     det = dxx * dyy - dxy * dxy
     off_x = (dyy * dx - dxy * dy) / det
     off_y = (-dxy * dx + dxx * dy) / det
-    return xy - torch.stack((off_x, off_y), dim=-1)
+    offset = torch.stack((off_x, off_y), dim=-1)
+    if max_offset is not None:
+        sane = torch.isfinite(offset).all(-1, keepdim=True) & (offset.abs() <= max_offset).all(-1, keepdim=True)
+        offset = torch.where(sane, offset, torch.zeros_like(offset))
+    return torch.where(valid, xy_in - offset, xy)
 
 
 def flip_back(heatmaps: Tensor, flip_pairs: Tensor) -> Tensor:
@@ -73,14 +83,14 @@ def flip_back(heatmaps: Tensor, flip_pairs: Tensor) -> Tensor:
 
 
 def decode_pose(heatmaps: Tensor, boxes_xyxy: Tensor, input_size: tuple[int, int], kernel: int = 11,
-                padding: float = 1.25) -> tuple[Tensor, Tensor]:
+                padding: float = 1.25, max_offset: float | None = 1.0) -> tuple[Tensor, Tensor]:
     """Heatmaps (N, K, h, w) of crops from boxes (N, 4) -> keypoints (N, K, 2) image pixels, scores (N, K)."""
     heatmaps = heatmaps.float()
     b, _, h, w = heatmaps.shape
     if b == 0:
         return heatmaps.new_zeros(0, heatmaps.shape[1], 2), heatmaps.new_zeros(0, heatmaps.shape[1])
     xy, scores = argmax_keypoints(heatmaps)
-    xy = dark_udp_refine(xy, heatmaps, kernel)
+    xy = dark_udp_refine(xy, heatmaps, kernel, max_offset)
     center, size = crop_params(boxes_xyxy.to(heatmaps.device), input_size, padding)
     hm_size = torch.tensor([w - 1, h - 1], dtype=torch.float32, device=heatmaps.device)
     xy = xy / hm_size * size[:, None] + center[:, None] - 0.5 * size[:, None]

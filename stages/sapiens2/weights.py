@@ -26,6 +26,7 @@ from .config import ConfigError, Sapiens2Config
 from .configjson import config_from_json, infer_config
 from .model import Sapiens2
 from .remap import detect_layout, original_to_ours, reference_to_original
+from .remap import fuse_qkv as fuse_qkv_weights
 
 log = logging.getLogger(__name__)
 HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
@@ -104,7 +105,7 @@ def resolve_hub(repo_id: str) -> Path:
     except LocalEntryNotFoundError:
         raise CheckpointError(
             f"{repo_id}: weights are not in the Hugging Face cache and this machine is offline; run "
-            f"`huggingface-cli download {repo_id}` where there is network, or pass a local checkpoint folder"
+            f"`hf download {repo_id}` where there is network, or pass a local checkpoint folder"
         ) from None
     except Exception as exc:  # network, auth and repo errors all end the same way for the user
         raise CheckpointError(f"{repo_id}: could not fetch from the Hugging Face hub ({type(exc).__name__}: {exc})") from None
@@ -114,7 +115,9 @@ def load_state(source: str | os.PathLike, image_size: tuple[int, int] | None = N
                ) -> tuple[Sapiens2Config, dict[str, Tensor], dict[str, str], str]:
     """(config, state dict in original names, safetensors metadata, description) for a source."""
     path = Path(source)
-    if not path.exists() and isinstance(source, str) and HUB_ID.match(source) and not source.startswith((".", "/")):
+    looks_like_file = path.suffix in (".safetensors", ".pt", ".pth", ".bin", ".ckpt", ".json")
+    if not path.exists() and isinstance(source, str) and HUB_ID.match(source) and not looks_like_file \
+            and not source.startswith((".", "/")):
         path = resolve_hub(source)
     if path.is_dir():
         config_path = path / "config.json"
@@ -188,11 +191,16 @@ def load_model(
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = parse_dtype(dtype, device)
     cfg, sd, meta, where = load_state(source, image_size)
-    cfg.fuse_qkv = fuse_qkv
+    # Check against the unfused layout first so errors name the tensors as they are in the file.
+    cfg.fuse_qkv = False
     sd = original_to_ours(sd, cfg)
     with torch.device("meta"):
+        check_state(Sapiens2(cfg).state_dict(), sd, where)
+    cfg.fuse_qkv = fuse_qkv
+    if fuse_qkv:
+        sd = fuse_qkv_weights(sd, cfg)
+    with torch.device("meta"):
         model = Sapiens2(cfg)
-    check_state(model.state_dict(), sd, where)
     model.load_state_dict(sd, strict=True, assign=True)
     model.set_precision(dtype)  # cast on the host, then one transfer
     model.to(device=device)
