@@ -92,7 +92,7 @@ class FrameEngine:
         self.kpt_threshold = kpt_threshold
         self.detect_every = detect_every
         self.smoother = smoother
-        names = ("upload", "seg", "matting", "dense", "pose")
+        names = ("upload", "detect", "seg", "matting", "dense", "pose")
         self.streams = {n: torch.cuda.Stream(self.device) for n in names} if self.cuda else {}
 
     def _stream(self, name: str):
@@ -130,7 +130,7 @@ class FrameEngine:
             if est is None:
                 continue
             with self._stream(stream_name):
-                self._wait(uploaded, stream_name)
+                self._wait(uploaded, stream_name, image)
                 clock.start(task, self.streams.get(stream_name))
                 if task == "normal":
                     raw, _ = est.infer(est.preprocess(image))
@@ -153,13 +153,14 @@ class FrameEngine:
                 self._download(pending, task, out, stream_name)
         # Detector: Ultralytics runs its own host loop; it syncs only with its own stream.
         t0 = time.perf_counter()
-        detections = st.detector.detect(frame.image)
+        with self._stream("detect"):
+            detections = st.detector.detect(frame.image)
         pending.host_ms["detect"] = (time.perf_counter() - t0) * 1000.0
         pending.detections = detections
         pose = st.estimators.get("pose")
         if pose is not None and len(detections):
             with self._stream("pose"):
-                self._wait(uploaded, "pose")
+                self._wait(uploaded, "pose", image)
                 clock.start("pose", self.streams.get("pose"))
                 boxes = torch.as_tensor(detections.boxes, device=self.device)
                 heatmaps = pose.infer(pose.preprocess(image, boxes), len(detections))
@@ -177,9 +178,11 @@ class FrameEngine:
         event.record(self.streams[stream_name])
         return event
 
-    def _wait(self, event, stream_name: str) -> None:
+    def _wait(self, event, stream_name: str, tensor: torch.Tensor) -> None:
+        """Order a stage after the upload; tell the allocator the frame is in use on that stream."""
         if event is not None:
             self.streams[stream_name].wait_event(event)
+            tensor.record_stream(self.streams[stream_name])
 
     def finish(self, pending: Pending, random_weights: bool) -> FrameResult:
         """Wait for this frame's results and assemble the FrameResult."""
@@ -189,6 +192,9 @@ class FrameEngine:
         if "pose" in self.stages.estimators:
             if "pose.xy" in host:
                 xy, scores = host["pose.xy"], host["pose.scores"]
+                # Crops extend 25% beyond the box, so the model may place a keypoint off-image; the
+                # stream's consumers get in-frame coordinates (the score says how sure it is).
+                xy = np.clip(xy, 0.0, [frame.width - 1, frame.height - 1]).astype(np.float32)
                 if self.smoother is not None:
                     xy = self.smoother(xy, det.track_ids, frame.capture_ns / 1e9)
                 keypoints = Keypoints(xy, scores)

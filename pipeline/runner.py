@@ -19,7 +19,7 @@ from stages.types import FrameResult
 
 from .engine import FrameEngine
 from .sinks import Sink, StreamInfo
-from .sources import Source, SourceEnded
+from .sources import Source, SourceEnded, SourceError
 
 log = logging.getLogger(__name__)
 _SENTINEL = object()
@@ -137,6 +137,10 @@ class Runner:
                 frame = self.source.read(timeout=0.25)
             except SourceEnded:
                 break
+            except SourceError:
+                if in_flight is not None and self.stats.error is None:
+                    self._finish(in_flight, worker)  # decoded before the source failed: keep it
+                raise
             if frame is None:
                 if self.on_idle is not None:
                     self.on_idle(self.source)

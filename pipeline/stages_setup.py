@@ -94,5 +94,5 @@ def build_detector(cfg: RunConfig, device: torch.device, notes: list[str]) -> De
     except DetectorError as exc:
         if not cfg.fallback_tiny:
             raise
-        notes.append(f"detector: {str(exc).split(';')[0]}; using the full frame as one person")
+        notes.append(f"detector: {str(exc).splitlines()[0]} -> using the full frame as one person instead")
         return FullFrameDetector()

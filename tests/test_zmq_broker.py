@@ -32,19 +32,37 @@ def test_four_publishers_two_subscribers_every_message_once() -> None:
                 p.open(StreamInfo(s, 16, 16, 30.0, Fraction(1, 30), live=True))
             for p, s in zip(pubs, sources):
                 assert p.wait_for_subscriber(f"keypoints.{s}", 5), "subscription did not cross the broker"
+            # The broker forwards the first subscription upstream; the second subscriber's may still
+            # be on its way to the broker. Probe until both receive, so the test measures delivery.
+            warm = ZmqPublisher(broker.xsub_endpoint, connect=True)
+            warm.open(StreamInfo("warmup", 16, 16, 30.0, Fraction(1, 30), live=True))
+            assert warm.wait_for_subscriber("keypoints.warmup", 5)
+            deadline = time.monotonic() + 10
+            ready = [False, False]
+            while not all(ready) and time.monotonic() < deadline:
+                warm.write(_result("warmup", 0))
+                for j, sub in enumerate(subs):
+                    try:
+                        for _ in range(100):  # bounded: a message storm must fail, not hang
+                            ready[j] = ready[j] or sub.recv(timeout_s=0.05).meta.source_id == "warmup"
+                    except ReceiveTimeout:
+                        pass
+            warm.close()
+            assert all(ready), "subscribers never connected through the broker"
             for i in range(n):
                 for p, s in zip(pubs, sources):
                     p.write(_result(s, i))
                 time.sleep(0.002)
             for sub in subs:
                 seen: dict[str, list[int]] = {s: [] for s in sources}
-                while True:
+                for _ in range(10 * n * len(sources)):  # bounded: duplicates must fail, not hang
                     try:
                         msg = sub.recv(timeout_s=1.0)
                     except ReceiveTimeout:
                         break
                     assert isinstance(msg, KeypointsMessage)
-                    seen[msg.meta.source_id].append(msg.meta.frame_index)
+                    if msg.meta.source_id != "warmup":
+                        seen[msg.meta.source_id].append(msg.meta.frame_index)
                 assert seen == {s: list(range(n)) for s in sources}
         finally:
             for p in pubs:

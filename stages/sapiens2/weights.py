@@ -104,7 +104,7 @@ def resolve_hub(repo_id: str) -> Path:
         return Path(snapshot_download(repo_id, allow_patterns=["*.json", "*.safetensors"], local_files_only=offline))
     except LocalEntryNotFoundError:
         raise CheckpointError(
-            f"{repo_id}: weights are not in the Hugging Face cache and this machine is offline; run "
+            f"{repo_id}: weights are not in the Hugging Face cache and the hub cannot be reached (offline); run "
             f"`hf download {repo_id}` where there is network, or pass a local checkpoint folder"
         ) from None
     except Exception as exc:  # network, auth and repo errors all end the same way for the user

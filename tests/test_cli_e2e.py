@@ -1,0 +1,552 @@
+"""End to end: the ``sapiens2-stream`` console script as a real subprocess, real PyAV files.
+
+Everything runs offline on tiny RANDOM-weight checkpoints (made once per module under a private
+``SAPIENS2_STREAM_CACHE``) with an empty Hugging Face cache, so no run can reach for the network
+or for real weights. Every subprocess has a timeout; nothing here can hang.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+
+import av
+import numpy as np
+import pytest
+
+from pipeline.cli import build_parser, overrides_from
+from pipeline.config import ConfigError, load_config
+from pipeline.demo_source import SyntheticCamera
+from pipeline.runner import Runner
+from pipeline.sinks import StreamInfo
+from pipeline.sources import Source
+from stages.types import Detections, Frame, FrameResult, Keypoints
+
+pytestmark = pytest.mark.timeout(120)
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = REPO / "configs"
+_SCRIPT = Path(sys.executable).parent / "sapiens2-stream"
+CLI = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "pipeline.cli"]
+RUN_TIMEOUT_S = 90.0  # one CLI run, worst case on a slow 2-core machine
+NUM_KEYPOINTS = 308
+# Flags that make a file run fully offline on tiny random checkpoints with the frame as the person.
+OFFLINE = ["--detector", "full-frame", "--fallback-tiny", "--device", "cpu", "--dtype", "float32", "--no-progress"]
+
+
+# -- helpers ---------------------------------------------------------------------------------
+@dataclass
+class Ran:
+    rc: int
+    stdout: str
+    stderr: str
+    elapsed: float
+
+
+def run_cli(args: list[str], env: dict[str, str], cwd: Path, timeout: float = RUN_TIMEOUT_S) -> Ran:
+    start = time.monotonic()
+    proc = subprocess.run([*CLI, *map(str, args)], env=env, cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout)
+    return Ran(proc.returncode, proc.stdout, proc.stderr, time.monotonic() - start)
+
+
+def make_video(path: Path, n: int, w: int = 320, h: int = 240, fps: int = 30, faststart: bool = False) -> Path:
+    """``n`` frames of a moving bright block on a gradient (so frames differ), libx264 mp4."""
+    options = {"movflags": "faststart"} if faststart else {}
+    ramp = np.linspace(0, 120, w, dtype=np.float32)[None, :, None]
+    base = np.broadcast_to(ramp, (h, w, 3)).astype(np.uint8)
+    with av.open(str(path), "w", options=options) as container:
+        stream = container.add_stream("libx264", rate=fps)
+        stream.width, stream.height, stream.pix_fmt = w, h, "yuv420p"
+        for i in range(n):
+            image = base.copy()
+            x = (i * 9) % (w - 60)
+            image[h // 4: 3 * h // 4, x: x + 60] = (230, 160, 60)
+            for packet in stream.encode(av.VideoFrame.from_ndarray(image, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return path
+
+
+@dataclass
+class Decoded:
+    count: int
+    width: int
+    height: int
+    times: list[float]  # seconds, presentation order
+    pts: list[int]
+
+
+def decode_video(path: Path) -> Decoded:
+    """Every frame of ``path`` decoded with PyAV (raises if the file is not playable)."""
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        frames = list(container.decode(stream))
+    assert frames, f"{path}: no decodable frames"
+    return Decoded(len(frames), frames[0].width, frames[0].height,
+                   [float(f.pts * f.time_base) for f in frames], [int(f.pts) for f in frames])
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def strictly_increasing(values: list) -> bool:
+    return all(b > a for a, b in zip(values, values[1:]))
+
+
+def assert_one_clear_error(ran: Ran, *needles: str) -> str:
+    """Non-zero, fast, no traceback, and stderr ends with one ``error:`` line naming the needles."""
+    assert ran.rc not in (0, None), f"expected a failure, got rc={ran.rc}\n{ran.stderr}"
+    assert ran.elapsed < 30.0, f"took {ran.elapsed:.1f} s to fail"
+    assert "Traceback" not in ran.stderr, ran.stderr
+    lines = [line for line in ran.stderr.splitlines() if line.strip()]
+    assert lines, "no message on stderr"
+    last = lines[-1]
+    assert last.startswith("error:"), f"last stderr line is not an error line: {last!r}\n{ran.stderr}"
+    assert sum(line.startswith("error:") for line in lines) == 1, ran.stderr
+    for needle in needles:
+        assert needle.lower() in last.lower(), f"{needle!r} not in {last!r}"
+    return last
+
+
+def assert_person_keypoints(record: dict) -> None:
+    assert record["persons"], f"frame {record['frame']}: no person (full-frame detector gives one)"
+    for person in record["persons"]:
+        kpts = person["keypoints"]
+        assert kpts is not None and len(kpts) == NUM_KEYPOINTS
+        assert all(len(k) == 3 for k in kpts)
+        assert all(v is not None and math.isfinite(v) for k in kpts for v in k), "non-finite keypoint value"
+
+
+# -- fixtures --------------------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("sapiens2-stream-cache")
+
+
+@pytest.fixture(scope="session")
+def cli_env(cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    env = dict(os.environ)
+    hf_home = tmp_path_factory.mktemp("empty-hf-home")  # no real weights can be found
+    env.update(HF_HUB_OFFLINE="1", YOLO_OFFLINE="1", SAPIENS2_STREAM_CACHE=str(cache_dir), HF_HOME=str(hf_home),
+               HF_HUB_CACHE=str(hf_home / "hub"), YOLO_CONFIG_DIR=str(tmp_path_factory.mktemp("yolo-config")),
+               PYTHONUNBUFFERED="1")
+    # One intra-op thread: on a small shared CPU box, OpenMP threads spin against other processes
+    # and a run gets ~6x slower (measured: 27 s vs 4.4 s for 16 frames of pose+seg at 320x240).
+    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    env.pop("HUGGINGFACE_HUB_CACHE", None)
+    return env
+
+
+@pytest.fixture(scope="module")
+def tiny(cli_env: dict[str, str], cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Tiny checkpoints made once, up front, so that runs never race to create them."""
+    cwd = tmp_path_factory.mktemp("make-tiny")
+    procs = {task: subprocess.Popen([*CLI, "weights", "make-tiny", str(cache_dir / "tiny" / task), "--task", task],
+                                    env=cli_env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for task in ("pose", "seg", "matting")}
+    for task, proc in procs.items():
+        try:
+            out, err = proc.communicate(timeout=RUN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            pytest.fail(f"make-tiny {task} timed out")
+        assert proc.returncode == 0, f"make-tiny {task} failed:\n{err}"
+        assert "RANDOM" in out
+        assert (cache_dir / "tiny" / task / "model.safetensors").is_file()
+    return cache_dir / "tiny"
+
+
+# -- 1. demo source --------------------------------------------------------------------------
+def test_demo_source_records_and_saves_keypoints(tiny: Path, cli_env: dict[str, str], tmp_path: Path) -> None:
+    out_mp4, out_jsonl = tmp_path / "out.mp4", tmp_path / "out.jsonl"
+    ran = run_cli(["--config", CONFIGS / "tiny.yaml", "--max-frames", 8, "--record", out_mp4,
+                   "--save-keypoints", out_jsonl, "--no-progress"], cli_env, tmp_path)
+    assert ran.rc == 0, ran.stderr
+    assert "RANDOM" in ran.stderr
+    assert "Traceback" not in ran.stderr
+
+    video = decode_video(out_mp4)
+    assert video.count == 8
+    assert (video.width, video.height) == (1280, 720)
+    assert strictly_increasing(video.pts)
+
+    records = read_jsonl(out_jsonl)
+    assert len(records) == 8
+    assert strictly_increasing([r["frame"] for r in records])
+    assert [r["frame"] for r in records] == list(range(8))  # ordered source: nothing dropped
+    for record in records:
+        assert record["random_weights"] is True
+        assert (record["width"], record["height"]) == (1280, 720)
+        assert_person_keypoints(record)
+
+
+# -- 2. a generated video file ---------------------------------------------------------------
+@pytest.fixture(scope="module")
+def file_run(tiny: Path, cli_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """One run over a 16-frame 320x240 file with pose+seg, no --max-frames."""
+    folder = tmp_path_factory.mktemp("file-run")
+    source = make_video(folder / "moving.mp4", n=16)
+    out_mp4, out_jsonl = folder / "out.mp4", folder / "out.jsonl"
+    ran = run_cli(["--source", source, "--tasks", "pose,seg", *OFFLINE, "--record", out_mp4,
+                   "--save-keypoints", out_jsonl], cli_env, folder)
+    with av.open(str(source)) as container:
+        stream = container.streams.video[0]
+        src_frames = list(container.decode(stream))
+    return {"ran": ran, "mp4": out_mp4, "jsonl": out_jsonl,
+            "src_pts": [int(f.pts) for f in src_frames],
+            "src_times": [float(f.pts * f.time_base) for f in src_frames],
+            "src_time_base": src_frames[0].time_base}
+
+
+def test_video_file_every_frame_in_order(file_run: dict) -> None:
+    ran = file_run["ran"]
+    assert ran.rc == 0, ran.stderr
+    assert "Traceback" not in ran.stderr
+    assert len(file_run["src_pts"]) == 16
+
+    video = decode_video(file_run["mp4"])
+    assert video.count == 16
+    assert (video.width, video.height) == (320, 240)
+    assert strictly_increasing(video.times)
+    # The recording keeps the source's clock (relative to its first frame).
+    rec_rel = [t - video.times[0] for t in video.times]
+    src_rel = [t - file_run["src_times"][0] for t in file_run["src_times"]]
+    assert rec_rel == pytest.approx(src_rel, abs=2e-3)
+
+    records = read_jsonl(file_run["jsonl"])
+    assert len(records) == 16
+    assert [r["frame"] for r in records] == list(range(16))
+    assert [r["pts"] for r in records] == file_run["src_pts"]
+    tb = file_run["src_time_base"]
+    assert all(Fraction(r["time_base"]) == tb for r in records)
+    for record in records:
+        assert (record["width"], record["height"]) == (320, 240)
+        assert record["random_weights"] is True
+        assert_person_keypoints(record)
+
+
+def test_video_file_keypoints_inside_frame(file_run: dict) -> None:
+    assert file_run["ran"].rc == 0, file_run["ran"].stderr
+    outside = []
+    for record in read_jsonl(file_run["jsonl"]):
+        w, h = record["width"], record["height"]
+        for person in record["persons"]:
+            xy = np.array([k[:2] for k in person["keypoints"]], dtype=np.float64)
+            bad = (xy[:, 0] < 0) | (xy[:, 0] > w) | (xy[:, 1] < 0) | (xy[:, 1] > h)
+            if bad.any():
+                outside.append((record["frame"], int(bad.sum()), xy.min(0).round(1).tolist(),
+                                xy.max(0).round(1).tolist()))
+    assert not outside, f"keypoints outside [0,W]x[0,H] (frame, count, min xy, max xy): {outside[:4]}"
+
+
+# -- 3. bad input: one clear line, non-zero, within seconds ----------------------------------
+def test_missing_file(tiny: Path, cli_env: dict[str, str], tmp_path: Path) -> None:
+    missing = tmp_path / "nope.mp4"
+    ran = run_cli(["--source", missing, "--tasks", "pose", *OFFLINE], cli_env, tmp_path)
+    assert_one_clear_error(ran, "no such file", str(missing))
+
+
+def test_corrupt_file(tiny: Path, cli_env: dict[str, str], tmp_path: Path) -> None:
+    bad = tmp_path / "random.mp4"
+    bad.write_bytes(np.random.default_rng(0).integers(0, 256, 50_000, dtype=np.uint8).tobytes())
+    out_mp4 = tmp_path / "out.mp4"
+    ran = run_cli(["--source", bad, "--tasks", "pose", *OFFLINE, "--record", out_mp4], cli_env, tmp_path)
+    assert_one_clear_error(ran, str(bad))
+    assert not out_mp4.exists()
+
+
+@pytest.mark.parametrize("faststart", [False, True], ids=["index-at-end", "faststart"])
+def test_truncated_file(tiny: Path, cli_env: dict[str, str], tmp_path: Path, faststart: bool) -> None:
+    """Cut in half: either a clear error, or exit 0 with fewer frames; a recording, if any, plays.
+
+    index-at-end: the mp4 index (moov) is in the lost half, so the file cannot be opened at all.
+    faststart: the index survives, so the first ~half decodes and then the damage is reported.
+    """
+    n = 60
+    path = make_video(tmp_path / "cut.mp4", n=n, faststart=faststart)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    out_mp4, out_jsonl = tmp_path / "out.mp4", tmp_path / "out.jsonl"
+    ran = run_cli(["--source", path, "--tasks", "pose", *OFFLINE, "--record", out_mp4,
+                   "--save-keypoints", out_jsonl], cli_env, tmp_path)
+    assert "Traceback" not in ran.stderr
+    assert ran.elapsed < 30.0
+    if ran.rc == 0:
+        video = decode_video(out_mp4)
+        assert 1 <= video.count < n and strictly_increasing(video.pts)
+        return
+    last = assert_one_clear_error(ran, str(path))
+    if not faststart:
+        assert "cannot open" in last
+        assert not out_mp4.exists()
+        return
+    # frames decoded before the damage were processed, recorded and the files finalised
+    records = read_jsonl(out_jsonl)
+    video = decode_video(out_mp4)
+    assert 1 <= len(records) < n
+    assert [r["frame"] for r in records] == list(range(len(records)))
+    assert video.count == len(records) and strictly_increasing(video.pts)
+    match = re.search(r"ended after (\d+) of (\d+) frames", last)
+    if match:  # every frame the reader delivered made it out, the last one in flight included
+        assert len(records) == int(match.group(1)), last
+
+
+@pytest.mark.parametrize("yaml_text, needles", [
+    ("sourcee: demo\n", ["sourcee", "unknown key"]),
+    ('max_frames: "ten"\n', ["max_frames", "expected int"]),
+    ("tasks: [pose, foo]\n", ["tasks", "foo"]),
+    ("source: [demo\n", ["not valid yaml"]),
+], ids=["unknown-key", "wrong-type", "unknown-task", "bad-yaml"])
+def test_bad_config_file(cli_env: dict[str, str], tmp_path: Path, yaml_text: str, needles: list[str]) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml_text)
+    ran = run_cli(["--config", bad, "--no-progress"], cli_env, tmp_path)
+    assert_one_clear_error(ran, *needles)
+
+
+def test_unknown_task_flag(cli_env: dict[str, str], tmp_path: Path) -> None:
+    ran = run_cli(["--source", "demo", "--tasks", "pose,foo", *OFFLINE], cli_env, tmp_path)
+    last = assert_one_clear_error(ran, "tasks", "foo")
+    assert "pose" in last  # lists the valid choices
+
+
+def test_missing_hub_weights_without_fallback(tiny: Path, cli_env: dict[str, str], tmp_path: Path) -> None:
+    source = make_video(tmp_path / "clip.mp4", n=4)
+    ran = run_cli(["--source", source, "--tasks", "pose", "--detector", "full-frame", "--device", "cpu",
+                   "--no-progress"], cli_env, tmp_path)
+    last = assert_one_clear_error(ran, "facebook/sapiens2-pose")
+    assert "hf download facebook/sapiens2-pose-0.4b" in last and "local checkpoint" in last, last
+    assert "RANDOM" not in ran.stderr  # no silent fallback
+
+
+def test_yolo_offline_without_fallback(tiny: Path, cli_env: dict[str, str], tmp_path: Path) -> None:
+    source = make_video(tmp_path / "clip.mp4", n=4)
+    ran = run_cli(["--source", source, "--tasks", "pose", "--checkpoint", f"pose={tiny / 'pose'}",
+                   "--detector", "yolo", "--detector-model", "yolo11n.pt", "--device", "cpu", "--no-progress"],
+                  cli_env, tmp_path)
+    last = assert_one_clear_error(ran, "yolo11n.pt")
+    assert "--detector-model" in last or "--detector full-frame" in last, last
+
+
+# -- 4. signals: a clean stop that finalises the outputs -------------------------------------
+@pytest.fixture(scope="module")
+def long_video(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_video(tmp_path_factory.mktemp("long") / "long.mp4", n=300)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_signal_stops_cleanly(tiny: Path, cli_env: dict[str, str], tmp_path: Path, long_video: Path,
+                              signum: signal.Signals) -> None:
+    out_mp4, out_jsonl = tmp_path / "out.mp4", tmp_path / "out.jsonl"
+    args = ["--source", long_video, "--tasks", "pose", *OFFLINE, "--realtime", "--record", out_mp4,
+            "--save-keypoints", out_jsonl]
+    with open(tmp_path / "stderr.txt", "w+") as err:
+        proc = subprocess.Popen([*CLI, *map(str, args)], env=cli_env, cwd=tmp_path, stdout=subprocess.DEVNULL,
+                                stderr=err, text=True)
+        try:
+            deadline = time.monotonic() + RUN_TIMEOUT_S
+            while time.monotonic() < deadline and proc.poll() is None:
+                if out_jsonl.exists() and len(out_jsonl.read_text().splitlines()) >= 3:
+                    break
+                time.sleep(0.05)
+            assert proc.poll() is None, "the run ended before it could be signalled"
+            assert len(out_jsonl.read_text().splitlines()) >= 3, "no 3 frames within the deadline"
+            sent = time.monotonic()
+            proc.send_signal(signum)
+            rc = proc.wait(timeout=20)
+            stop_s = time.monotonic() - sent
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+        err.seek(0)
+        stderr = err.read()
+    assert stop_s < 20.0
+    # A requested stop is a clean finish: run_pipeline returns 0 after closing every output.
+    assert rc == 0, f"rc={rc}\n{stderr}"
+    assert f"{signum.name} received" in stderr
+    assert "Traceback" not in stderr and "error:" not in stderr, stderr
+
+    lines = out_jsonl.read_text().splitlines()
+    records = [json.loads(line) for line in lines]  # every line parses (no torn last line)
+    assert len(records) >= 3
+    assert strictly_increasing([r["frame"] for r in records])
+    assert len(records) < 300  # it really stopped early
+    video = decode_video(out_mp4)
+    assert video.count >= 3
+    assert strictly_increasing(video.pts)
+    assert video.count == len(records)  # both sinks saw every finished frame
+    assert (video.width, video.height) == (320, 240)
+
+
+# -- 5. live source, slow consumer, through the Runner ---------------------------------------
+class SlowEngine:
+    """Stands in for FrameEngine: 50 ms of 'device work' per frame, one full-frame person."""
+
+    def __init__(self, delay_s: float = 0.05) -> None:
+        self.delay_s = delay_s
+        self.submitted: list[int] = []
+
+    def submit(self, frame: Frame) -> Frame:
+        time.sleep(self.delay_s)
+        self.submitted.append(frame.index)
+        return frame
+
+    def finish(self, pending: Frame, random_weights: bool) -> FrameResult:
+        frame = pending
+        box = np.array([[0, 0, frame.width, frame.height]], np.float32)
+        det = Detections(box, np.ones(1, np.float32), np.full(1, -1, np.int64))
+        kpts = Keypoints(np.zeros((1, NUM_KEYPOINTS, 2), np.float32), np.zeros((1, NUM_KEYPOINTS), np.float32))
+        return FrameResult(frame=frame, detections=det, keypoints=kpts, random_weights=random_weights)
+
+
+class CollectingSink:
+    def __init__(self) -> None:
+        self.opened: StreamInfo | None = None
+        self.frames: list[tuple[int, float]] = []  # (index, capture -> write seconds)
+        self.results: list[FrameResult] = []
+        self.closed = False
+        self.on_write = lambda: None
+
+    def open(self, info: StreamInfo) -> None:
+        self.opened = info
+
+    def write(self, result: FrameResult) -> None:
+        self.frames.append((result.frame.index, (time.time_ns() - result.frame.capture_ns) / 1e9))
+        self.results.append(result)
+        self.on_write()
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _run_live(engine, seconds: float = 1.5, stop_after: int | None = None) -> tuple[Source, CollectingSink, Runner]:
+    """Run a 200 fps synthetic camera through the Runner for ``seconds`` (or until ``stop_after`` frames)."""
+    camera = SyntheticCamera(width=64, height=48, fps=200.0)
+    source = Source(camera.open, label="synthetic", source_id="synthetic", live=True, reconnect=True,
+                    stall_timeout_s=2.0)
+    source.open()
+    sink = CollectingSink()
+    runner = Runner(source, engine, [sink], None, random_weights=True)
+    if stop_after is not None:
+        sink.on_write = lambda: len(sink.frames) >= stop_after and runner.stop.set()
+    timer = threading.Timer(seconds, runner.stop.set)
+    timer.start()
+    try:
+        start = time.monotonic()
+        stats = runner.run()
+        elapsed = time.monotonic() - start
+    finally:
+        timer.cancel()
+        source.stop()
+    assert stats.error is None, stats.error
+    assert elapsed < seconds + 3.0, f"runner took {elapsed:.1f} s to stop"
+    assert sink.closed and sink.opened is not None and sink.opened.live
+    return source, sink, runner
+
+
+def _assert_live_behaviour(source: Source, sink: CollectingSink, min_frames: int, max_latency_s: float) -> None:
+    indices = [i for i, _ in sink.frames]
+    latencies = [lat for _, lat in sink.frames]
+    assert len(indices) >= min_frames
+    assert strictly_increasing(indices), indices
+    assert source.frames_dropped > 0
+    assert indices[-1] - indices[0] > len(indices)  # gaps: only fresh frames were processed
+    # bounded, not a growing backlog: even the last frames are at most ~two engine steps old
+    assert max(latencies) < max_latency_s, f"capture-to-sink latencies {[round(x, 3) for x in latencies]}"
+
+
+def test_live_source_slow_engine_drops_and_stays_fresh() -> None:
+    engine = SlowEngine(0.05)
+    source, sink, runner = _run_live(engine)
+    _assert_live_behaviour(source, sink, min_frames=10, max_latency_s=0.5)
+    assert runner.stats.frames == len(sink.frames)
+    # every submitted frame is delivered (the in-flight one too, on stop)
+    assert [i for i, _ in sink.frames] == engine.submitted
+
+
+class TimedEngine:
+    """A real FrameEngine, remembering how long each submit took."""
+
+    def __init__(self, engine) -> None:
+        self.engine, self.submit_s = engine, []
+
+    def submit(self, frame: Frame):
+        start = time.perf_counter()
+        pending = self.engine.submit(frame)
+        self.submit_s.append(time.perf_counter() - start)
+        return pending
+
+    def finish(self, pending, random_weights: bool) -> FrameResult:
+        return self.engine.finish(pending, random_weights)
+
+
+def test_live_source_real_engine_tiny_pose(tiny: Path, cli_env: dict[str, str], monkeypatch) -> None:
+    for key in ("SAPIENS2_STREAM_CACHE", "HF_HUB_OFFLINE", "HF_HOME", "HF_HUB_CACHE"):
+        monkeypatch.setenv(key, cli_env[key])
+    from pipeline.engine import FrameEngine
+    from pipeline.stages_setup import build_stages
+
+    cfg = load_config(CONFIGS / "tiny.yaml", {"tasks": ["pose"]})
+    stages = build_stages(cfg)
+    assert stages.random_weights
+    engine = TimedEngine(FrameEngine(stages, cfg.kpt_threshold))
+    for i in range(2):  # warm-up outside the timed run
+        engine.finish(engine.submit(Frame(i, np.zeros((48, 64, 3), np.uint8), i, Fraction(1, 200),
+                                          time.time_ns())), True)
+    engine.submit_s.clear()
+    source, sink, _ = _run_live(engine, seconds=10.0, stop_after=6)
+    # CPU speed varies (shared runners): bound latency by the engine's own per-frame cost.
+    bound = 2 * max(engine.submit_s) + 0.3
+    _assert_live_behaviour(source, sink, min_frames=3, max_latency_s=bound)
+    assert all(r is not None for r in sink.results)
+    assert all(len(r.keypoints) == 1 and r.keypoints.xy.shape == (1, NUM_KEYPOINTS, 2) for r in sink.results)
+
+
+# -- 6. config -------------------------------------------------------------------------------
+def test_cli_overrides_beat_yaml() -> None:
+    cfg = load_config(CONFIGS / "tiny.yaml", {"max_frames": 3, "tasks": ["pose"], "source": "clip.mp4"})
+    assert (cfg.max_frames, cfg.tasks, cfg.source) == (3, ["pose"], "clip.mp4")
+    assert cfg.detector == "full-frame" and cfg.fallback_tiny and cfg.device == "cpu"  # the YAML's, kept
+    args = build_parser().parse_args(["run", "--config", str(CONFIGS / "tiny.yaml"), "--max-frames", "5",
+                                      "--tasks", "pose,seg", "--no-progress", "--pose-input", "256x192",
+                                      "--checkpoint", "pose=/x"])
+    cfg = load_config(args.config, overrides_from(args))
+    assert cfg.max_frames == 5 and cfg.tasks == ["pose", "seg"] and cfg.progress is False
+    assert cfg.pose_input == [256, 192] and cfg.checkpoints == {"pose": "/x"}
+    assert cfg.source == "demo"  # not given on the command line: the YAML's value
+    unset = overrides_from(build_parser().parse_args(["run", "--config", "x.yaml"]))
+    assert unset == {}  # flags left out override nothing
+
+
+@pytest.mark.parametrize("name, source", [("default", "webcam"), ("full", "webcam"), ("tiny", "demo"),
+                                          ("demo", "demo")])
+def test_shipped_configs_parse(name: str, source: str) -> None:
+    cfg = load_config(CONFIGS / f"{name}.yaml")
+    assert cfg.source == source
+    assert cfg.tasks and all(isinstance(t, str) for t in cfg.tasks)
+
+
+def test_load_config_errors_name_the_key(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("sourcee: demo\n")
+    with pytest.raises(ConfigError, match="sourcee"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match="max_frames"):
+        load_config(None, {"max_frames": "ten"})
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "missing.yaml")
