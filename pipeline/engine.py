@@ -85,7 +85,7 @@ class FrameEngine:
     """Runs the configured stages on one frame at a time, overlapping them on CUDA streams."""
 
     def __init__(self, stages: Stages, kpt_threshold: float = 0.3, detect_every: int = 1,
-                 smoother: KeypointSmoother | None = None) -> None:
+                 smoother: KeypointSmoother | None = None, overlap: bool = True) -> None:
         self.stages = stages
         self.device = stages.device
         self.cuda = self.device.type == "cuda"
@@ -93,7 +93,13 @@ class FrameEngine:
         self.detect_every = detect_every
         self.smoother = smoother
         names = ("upload", "detect", "seg", "matting", "dense", "pose")
-        self.streams = {n: torch.cuda.Stream(self.device) for n in names} if self.cuda else {}
+        if self.cuda and overlap:
+            self.streams = {n: torch.cuda.Stream(self.device) for n in names}
+        elif self.cuda:  # serialised baseline for benchmarks: every stage on one stream, in order
+            one = torch.cuda.Stream(self.device)
+            self.streams = {n: one for n in names}
+        else:
+            self.streams = {}
 
     def _stream(self, name: str):
         return torch.cuda.stream(self.streams[name]) if self.cuda else contextlib.nullcontext()

@@ -92,12 +92,13 @@ class Runner:
                  random_weights: bool, max_frames: int | None = None,
                  on_result: Callable[[FrameResult], None] | None = None,
                  on_idle: Callable[[Source], None] | None = None, stop: threading.Event | None = None,
-                 info: StreamInfo | None = None) -> None:
+                 info: StreamInfo | None = None, pipelined: bool = True) -> None:
         self.source, self.engine, self.sinks, self.annotator = source, engine, sinks, annotator
         self.random_weights, self.max_frames = random_weights, max_frames
         self.on_result, self.on_idle = on_result, on_idle
         self.stop = stop or threading.Event()
         self.info = info  # stream facts for the sinks (defaults to the source's)
+        self.pipelined = pipelined  # False: finish each frame before reading the next (baseline)
         self.stats = RunStats()
 
     def run(self) -> RunStats:
@@ -134,7 +135,9 @@ class Runner:
         submitted = 0
         while not self.stop.is_set():
             try:
-                frame = self.source.read(timeout=0.25)
+                # With a frame in flight, only take a next frame that is already waiting: otherwise
+                # finish the in-flight one now instead of holding its results for a whole frame period.
+                frame = self.source.read(timeout=0.0 if in_flight is not None else 0.25)
             except SourceEnded:
                 break
             except SourceError:
@@ -142,7 +145,11 @@ class Runner:
                     self._finish(in_flight, worker)  # decoded before the source failed: keep it
                 raise
             if frame is None:
-                if self.on_idle is not None:
+                if in_flight is not None:
+                    if not self._finish(in_flight, worker):
+                        return
+                    in_flight = None
+                elif self.on_idle is not None:
                     self.on_idle(self.source)
                 continue
             pending = self.engine.submit(frame)
@@ -150,6 +157,10 @@ class Runner:
             if in_flight is not None and not self._finish(in_flight, worker):
                 return
             in_flight = pending
+            if not self.pipelined:
+                if not self._finish(in_flight, worker):
+                    return
+                in_flight = None
             if self.max_frames is not None and submitted >= self.max_frames:
                 break
         if in_flight is not None and self.stats.error is None:
