@@ -105,8 +105,12 @@ def run_pipeline(cfg: RunConfig, stop: threading.Event | None = None) -> int:
         info = replace(info, random_weights=True)
     sinks = build_sinks(cfg, stop)
     publisher = next((s for s in sinks if hasattr(s, "set_health")), None)
-    needs_image = any(type(s).__name__ in ("VideoRecorder", "ZmqPublisher", "PreviewWindow") for s in sinks)
-    annotator = compose_annotators(_annotation_layers(cfg)) if needs_image else None
+    always_image = any(type(s).__name__ in ("VideoRecorder", "PreviewWindow") for s in sinks)
+    annotator = compose_annotators(_annotation_layers(cfg)) if always_image or publisher is not None else None
+    frame_topic = f"frame.{info.source_id}"
+
+    def wants_image() -> bool:  # a frame nobody records, shows or subscribes to is not drawn
+        return always_image or (publisher is not None and publisher.subscribed(frame_topic))
     smoother = KeypointSmoother(cfg.smooth_min_cutoff, cfg.smooth_beta) if cfg.smooth else None
     engine = FrameEngine(stages, cfg.kpt_threshold, cfg.detect_every, smoother)
     display = Display(source, cfg.progress, cfg.max_frames or _frame_count(source))
@@ -124,7 +128,7 @@ def run_pipeline(cfg: RunConfig, stop: threading.Event | None = None) -> int:
     log.info("source %s (%dx%d, %s) -> tasks %s on %s", info.source_id, info.width, info.height,
              "live" if info.live else "file", ",".join(cfg.tasks), stages.device)
     runner = Runner(source, engine, sinks, annotator, stages.random_weights, cfg.max_frames, on_result, on_idle,
-                    stop, info)
+                    stop, info, wants_image=wants_image)
     try:
         stats = runner.run()
     finally:

@@ -43,10 +43,12 @@ class SinkWorker(threading.Thread):
     """Annotates finished frames and hands them to every sink, off the device loop."""
 
     def __init__(self, sinks: list[Sink], annotator: Annotator | None, stop: threading.Event,
-                 stats: RunStats, on_result: Callable[[FrameResult], None] | None) -> None:
+                 stats: RunStats, on_result: Callable[[FrameResult], None] | None,
+                 wants_image: Callable[[], bool] | None = None) -> None:
         super().__init__(name="sinks", daemon=True)
         self.inbox: queue.Queue = queue.Queue(maxsize=4)
         self.sinks, self.annotator, self.stop, self.stats, self.on_result = sinks, annotator, stop, stats, on_result
+        self.wants_image = wants_image or (lambda: True)
 
     def run(self) -> None:
         try:
@@ -66,7 +68,7 @@ class SinkWorker(threading.Thread):
 
     def _handle(self, result: FrameResult) -> None:
         t0 = time.perf_counter()
-        if self.annotator is not None:
+        if self.annotator is not None and self.wants_image():
             result.annotated = self.annotator.annotate(result.frame.image.copy(), result)
         result.latency_ms["annotate"] = (time.perf_counter() - t0) * 1000.0
         for sink in self.sinks:
@@ -92,18 +94,20 @@ class Runner:
                  random_weights: bool, max_frames: int | None = None,
                  on_result: Callable[[FrameResult], None] | None = None,
                  on_idle: Callable[[Source], None] | None = None, stop: threading.Event | None = None,
-                 info: StreamInfo | None = None, pipelined: bool = True) -> None:
+                 info: StreamInfo | None = None, pipelined: bool = True,
+                 wants_image: Callable[[], bool] | None = None) -> None:
         self.source, self.engine, self.sinks, self.annotator = source, engine, sinks, annotator
         self.random_weights, self.max_frames = random_weights, max_frames
         self.on_result, self.on_idle = on_result, on_idle
         self.stop = stop or threading.Event()
         self.info = info  # stream facts for the sinks (defaults to the source's)
         self.pipelined = pipelined  # False: finish each frame before reading the next (baseline)
+        self.wants_image = wants_image  # annotate only when some sink will use the picture
         self.stats = RunStats()
 
     def run(self) -> RunStats:
         """Process until the source ends, max_frames, stop() or an error; always closes everything."""
-        worker = SinkWorker(self.sinks, self.annotator, self.stop, self.stats, self.on_result)
+        worker = SinkWorker(self.sinks, self.annotator, self.stop, self.stats, self.on_result, self.wants_image)
         opened: list[Sink] = []
         try:
             info = self.info or self.source.info
