@@ -234,13 +234,13 @@ class Source:
         except SourceError as exc:
             error = exc
         except Exception as exc:  # keep one clear error for the consumer instead of a dead thread
-            log.exception("%s: decoder crashed", self.label)
+            log.debug("%s: decoder crashed", self.label, exc_info=True)  # the consumer reports it
             error = SourceError(f"{self.label}: decoder crashed ({exc!r})")
         finally:
             reader.close()
         self._health = "failed" if error else "ended"
         if error is not None:
-            log.error("%s", error)
+            log.debug("%s", error)  # raised to the consumer by read(); the CLI prints it once
         self._channel.finish(Terminal(error))
 
     def _supervise(self, reader: FrameReader, first: Decoded) -> None:
