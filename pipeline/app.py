@@ -80,7 +80,8 @@ def build_sinks(cfg: RunConfig, stop: threading.Event) -> list[Sink]:
         from .publisher import CurveServerKeys, ZmqPublisher
 
         curve = CurveServerKeys.from_dir(cfg.curve_dir) if cfg.curve_dir else None
-        sinks.append(ZmqPublisher(cfg.publish, jpeg_quality=cfg.jpeg_quality, curve=curve))
+        sinks.append(ZmqPublisher(cfg.publish, jpeg_quality=cfg.jpeg_quality, curve=curve,
+                                  gpu_jpeg=cfg.gpu_jpeg))
     if cfg.show:
         from .preview import PreviewWindow
 

@@ -36,6 +36,13 @@ def _checkpoint(text: str) -> tuple[str, str]:
     return task, source
 
 
+def _auto_bool(text: str) -> bool | str:
+    value = {"on": True, "true": True, "off": False, "false": False, "auto": "auto"}.get(text.lower())
+    if value is None:
+        raise argparse.ArgumentTypeError(f"expected auto, on or off, got {text!r}")
+    return value
+
+
 def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="YAML config file; flags override its values")
     a = p.add_argument
@@ -56,6 +63,12 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     a("--dense-input", type=_size, help="seg/matting/normal/pointmap input HxW")
     a("--flip-test", action="store_const", const=True, help="average with mirrored crops (2x pose cost)")
     a("--no-fuse-qkv", dest="fuse_qkv", action="store_const", const=False, help="keep q/k/v GEMMs separate")
+    a("--attention", choices=["auto", "flash", "efficient", "cudnn", "math"],
+      help="SDPA kernels for attention (default auto; CUDA-only choices fall back to auto elsewhere)")
+    a("--channels-last", type=_auto_bool, metavar="{auto,on,off}",
+      help="decode heads in channels_last memory format (auto: on for CUDA)")
+    a("--compile", choices=["off", "default", "reduce-overhead", "max-autotune"],
+      help="torch.compile the models (reduce-overhead: CUDA graphs); compiles at start-up, logged")
     a("--detector", choices=["yolo", "full-frame"])
     a("--detector-model", help="YOLO weights (.pt) or architecture (.yaml, random weights)")
     a("--det-conf", type=float)
@@ -69,6 +82,11 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     a("--publish", help="ZeroMQ endpoint to publish on, e.g. tcp://127.0.0.1:5555")
     a("--curve-dir", help="CURVE keys folder from `sapiens2-stream keys` (encrypt + authenticate)")
     a("--jpeg-quality", type=int)
+    a("--gpu-jpeg", dest="gpu_jpeg", action="store_const", const=True,
+      help="JPEG-encode published frames on the GPU (nvJPEG) when CUDA is present, CPU otherwise")
+    a("--no-gpu-jpeg", dest="gpu_jpeg", action="store_const", const=False)
+    a("--record-codec", choices=["libx264", "h264", "mpeg4", "h264_nvenc", "hevc_nvenc"],
+      help="recording encoder; *_nvenc use the GPU's encoder and fall back to libx264, then mpeg4")
     a("--show", action="store_const", const=True, help="preview window")
     a("--no-progress", dest="progress", action="store_const", const=False)
     a("--log-level", choices=["debug", "info", "warning", "error"])

@@ -15,10 +15,15 @@ from typing import Any
 import yaml
 
 from stages.sapiens2.config import TASKS
+from stages.sapiens2.fastpath import ATTENTION_BACKENDS, COMPILE_MODES
 
 
 class ConfigError(ValueError):
     """A config file or flag value that cannot be used."""
+
+
+RECORD_CODECS = ("libx264", "h264", "mpeg4", "h264_nvenc", "hevc_nvenc")  # as pipeline.recorder accepts them
+AUTO_KEYS = ("channels_last",)  # bool-or-null keys where "auto" (or null) means: decided by the device
 
 
 @dataclass
@@ -40,6 +45,10 @@ class RunConfig:
     dense_input: list[int] = field(default_factory=lambda: [1024, 768])
     flip_test: bool = False
     fuse_qkv: bool = True
+    # GPU fast path (stages.sapiens2.fastpath): every option leaves the outputs unchanged
+    attention: str = "auto"  # SDPA kernels: auto | flash | efficient | cudnn | math
+    channels_last: bool | None = None  # decode heads in NHWC; None: on for CUDA, off for CPU
+    compile: str = "off"  # torch.compile: off | default | reduce-overhead (CUDA graphs) | max-autotune
     # detector
     detector: str = "yolo"  # yolo | full-frame
     detector_model: str = "yolo11n.pt"
@@ -60,6 +69,7 @@ class RunConfig:
     save_keypoints: str | None = None
     publish: str | None = None  # ZeroMQ endpoint, e.g. tcp://127.0.0.1:5555
     jpeg_quality: int = 80
+    gpu_jpeg: bool = False  # encode published frames with nvJPEG when CUDA is present (CPU fallback)
     curve_dir: str | None = None  # CURVE keys folder (server.key_secret + authorized clients)
     show: bool = False
     annotate: list[str] = field(default_factory=lambda: ["matte", "seg", "boxes", "pose", "hud"])
@@ -81,6 +91,12 @@ class RunConfig:
             raise ConfigError(f"dtype: {self.dtype!r} is not one of auto, float32, bfloat16, float16")
         if self.detect_every < 1 or self.max_persons < 1:
             raise ConfigError("detect_every and max_persons must be at least 1")
+        if self.attention not in ATTENTION_BACKENDS:
+            raise ConfigError(f"attention: {self.attention!r} is not one of {', '.join(ATTENTION_BACKENDS)}")
+        if self.compile not in COMPILE_MODES:
+            raise ConfigError(f"compile: {self.compile!r} is not one of {', '.join(COMPILE_MODES)}")
+        if self.record_codec not in RECORD_CODECS:
+            raise ConfigError(f"record_codec: {self.record_codec!r} is not one of {', '.join(RECORD_CODECS)}")
         if not 1 <= self.jpeg_quality <= 100:
             raise ConfigError("jpeg_quality must be within 1..100")
         if self.matte_mode not in ("composite", "replace"):
@@ -136,6 +152,8 @@ def merge(cfg: RunConfig, values: dict[str, Any], where: str) -> RunConfig:
             close = [k for k in FIELDS if k.startswith(key[:4])]
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise ConfigError(f"{where}: unknown key {key!r}{hint}")
+        if key in AUTO_KEYS and isinstance(value, str) and value.lower() == "auto":
+            value = None
         try:
             updates[key] = _check_type(key, value, FIELDS[key].type)
         except ConfigError as exc:

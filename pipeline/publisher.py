@@ -21,6 +21,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import zmq
@@ -93,6 +94,7 @@ class ZmqPublisher:
         status_interval_s: float = 1.0,
         linger_ms: int = 500,
         curve: CurveServerKeys | None = None,
+        gpu_jpeg: bool = False,
     ) -> None:
         if header_format not in wire.HEADER_FORMATS:
             raise ValueError(f"header_format must be msgpack or json, got {header_format!r}")
@@ -107,6 +109,7 @@ class ZmqPublisher:
         self.status_interval_s = status_interval_s
         self.linger_ms = linger_ms
         self.curve = curve
+        self.jpeg = JpegEncoder(jpeg_quality, "auto" if gpu_jpeg else None)
         self.stats = PublisherStats()
         self.endpoint = endpoint
         self._health = "starting"
@@ -203,7 +206,10 @@ class ZmqPublisher:
             messages.append(("matte", [wire.Part("alpha", alpha, "png")], {"alpha_scale": 255}))
         encoded = []
         for kind, parts, extra in messages:
-            encoded.append((kind, self._encode(kind, {**fields, **extra}, parts)))
+            if kind == "frame":
+                encoded.append((kind, self._encode_frame({**fields, **extra}, parts[0].array)))
+            else:
+                encoded.append((kind, self._encode(kind, {**fields, **extra}, parts)))
         with self._lock:
             for kind, frames in encoded:
                 self._send(kind, frames)
@@ -260,6 +266,18 @@ class ZmqPublisher:
             header_format=self.header_format,
             jpeg_quality=self.jpeg_quality,
         )
+
+    def _encode_frame(self, fields: dict, image: np.ndarray) -> list[bytes]:
+        """The frame message; JPEG from the GPU encoder when it is on and works, else wire's CPU path."""
+        data = self.jpeg.encode(image)
+        if data is None:
+            return self._encode("frame", fields, [wire.Part("image", image, "jpeg")])
+        frames = self._encode("frame", fields, [])
+        header = wire.load_header(frames[1])
+        # The descriptor wire writes for a CPU-encoded JPEG part: subscribers cannot tell the two apart.
+        header["parts"] = [{"name": "image", "encoding": "jpeg", "dtype": "|u1", "shape": list(image.shape),
+                            "color": "rgb"}]
+        return [frames[0], wire.dump_header(header, self.header_format), data]
 
     def _poll_subscriptions(self) -> None:
         sock = self._sock
@@ -344,6 +362,65 @@ class ZmqPublisher:
         while not self._stop.wait(self.status_interval_s):
             with self._lock:
                 self._publish_status()
+
+
+class JpegEncoder:
+    """JPEG of published frames on a torch device (nvJPEG through torchvision on CUDA).
+
+    device: "auto" (CUDA when present), a device name, or None (off). ``encode`` returns None when
+    the caller should use the CPU encoder instead: no device, or after the first failure, which is
+    logged once and turns this encoder off for the rest of the run.
+    """
+
+    def __init__(self, quality: int = 90, device: str | None = "auto") -> None:
+        self.quality = quality
+        self.device: Any = None
+        if device is None:
+            return
+        import torch
+
+        if device == "auto":
+            if not torch.cuda.is_available():
+                log.info("gpu_jpeg: no CUDA device; frames are JPEG-encoded on the CPU")
+                return
+            device = "cuda"
+        self.device = torch.device(device)
+        self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self._staging: Any = None  # pinned (H, W, 3) uint8 host buffer, reused while the size holds
+
+    @property
+    def active(self) -> bool:
+        return self.device is not None
+
+    def encode(self, image: np.ndarray) -> bytes | None:
+        """(H, W, 3) RGB uint8 -> JPEG bytes, or None: use the CPU path."""
+        if self.device is None:
+            return None
+        try:
+            return self._encode(image)
+        except (RuntimeError, ValueError, TypeError, OSError) as exc:
+            log.warning("GPU JPEG encoding failed (%s); encoding frames on the CPU from now on",
+                        str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+            self.device = None
+            return None
+
+    def _encode(self, image: np.ndarray) -> bytes:
+        import torch
+        from torchvision.io import encode_jpeg
+
+        if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
+            raise ValueError(f"expected (H, W, 3) uint8 RGB, got {image.shape} {image.dtype}")
+        host = torch.from_numpy(np.ascontiguousarray(image))
+        if self.device.type == "cuda":
+            if self._staging is None or self._staging.shape != host.shape:
+                self._staging = torch.empty(host.shape, dtype=torch.uint8, pin_memory=True)
+            self._staging.copy_(host)
+            with torch.cuda.stream(self._stream):  # off the model streams
+                chw = self._staging.to(self.device, non_blocking=True).permute(2, 0, 1).contiguous()  # (3, H, W)
+                data = encode_jpeg(chw, quality=self.quality).cpu()  # waits for this stream only
+        else:
+            data = encode_jpeg(host.permute(2, 0, 1).contiguous(), quality=self.quality)
+        return data.numpy().tobytes()
 
 
 def _keypoint_parts(result: FrameResult) -> list[wire.Part]:

@@ -11,6 +11,7 @@ import torch
 
 from stages.detector import Detector, DetectorError, FullFrameDetector, PersonDetector
 from stages.sapiens2.estimators import ESTIMATORS
+from stages.sapiens2.fastpath import FastPath, warmup
 from stages.sapiens2.tiny import make_tiny
 from stages.sapiens2.weights import CheckpointError, load_model
 
@@ -26,6 +27,7 @@ class Stages:
     estimators: dict = field(default_factory=dict)  # task -> estimator
     random_weights: bool = False
     notes: list[str] = field(default_factory=list)  # one-line facts the CLI shows (fallbacks)
+    warmup_s: dict[str, float] = field(default_factory=dict)  # task -> start-up warm-up (compile) seconds
 
 
 def hub_id(task: str, size: str) -> str:
@@ -76,13 +78,32 @@ def build_stages(cfg: RunConfig) -> Stages:
     device = pick_device(cfg.device)
     notes: list[str] = []
     estimators = {}
+    fastpath = fastpath_from(cfg)
     for task in cfg.tasks:
         model = _load(task, cfg, device, notes)
         kwargs = {"flip_test": cfg.flip_test} if task == "pose" else {}
-        estimators[task] = ESTIMATORS[task](model, input_size=_input_size(task, cfg, model), **kwargs)
+        estimators[task] = ESTIMATORS[task](model, input_size=_input_size(task, cfg, model), fastpath=fastpath,
+                                            **kwargs)
+    warmup_s = warm_up(estimators, cfg, device)
     detector = build_detector(cfg, device, notes)
     random = any(e.random_weights for e in estimators.values()) or detector.random_weights
-    return Stages(device, detector, estimators, random, notes)
+    return Stages(device, detector, estimators, random, notes, warmup_s)
+
+
+def fastpath_from(cfg: RunConfig) -> FastPath:
+    """The estimators' fast-path options of a run (validated by RunConfig.validate)."""
+    return FastPath(attention=cfg.attention, channels_last=cfg.channels_last, compile=cfg.compile)
+
+
+def warm_up(estimators: dict, cfg: RunConfig, device: torch.device) -> dict[str, float]:
+    """Run every input shape once before the first frame: compiles (when on) and cuDNN autotuning
+    happen here instead of stalling the stream. Skipped on CPU without compile (nothing to gain)."""
+    if cfg.compile == "off" and device.type != "cuda":
+        return {}
+    seconds = {task: warmup(est, cfg.max_persons) for task, est in estimators.items()}
+    what = "compile warm-up" if cfg.compile != "off" else "warm-up"
+    log.info("%s %.1f s (%s)", what, sum(seconds.values()), ", ".join(f"{t} {s:.1f} s" for t, s in seconds.items()))
+    return seconds
 
 
 def build_detector(cfg: RunConfig, device: torch.device, notes: list[str]) -> Detector:

@@ -11,6 +11,7 @@ tensors stay on the GPU. Every output is checked for non-finite values before it
 
 from __future__ import annotations
 
+import logging
 import os
 
 import numpy as np
@@ -19,12 +20,14 @@ from torch import Tensor
 
 from ..types import Keypoints, Matte
 from .config import check_image_size
+from .fastpath import FastPath, attention_context, compile_model
 from .model import Sapiens2
 from .postprocess import (composite, decode_pose, flip_back, matting_maps, normal_maps, pointmaps,
                           seg_classes)
 from .preprocess import crop_persons, resize_full, resize_pad, to_device_image
 from .weights import load_model
 
+log = logging.getLogger(__name__)
 BATCH_BUCKETS = (1, 2, 4, 8, 16)
 
 
@@ -52,13 +55,18 @@ class _Estimator:
     task = ""
 
     def __init__(self, model: Sapiens2 | str | os.PathLike, input_size: tuple[int, int] | None = None,
-                 device: str | torch.device | None = None, dtype: str | torch.dtype | None = None) -> None:
+                 device: str | torch.device | None = None, dtype: str | torch.dtype | None = None,
+                 fastpath: FastPath | None = None) -> None:
         self.model = model if isinstance(model, Sapiens2) else load_model(model, device=device, dtype=dtype)
         if self.model.cfg.task != self.task:
             raise ValueError(f"{getattr(self.model, 'source', 'model')} is a {self.model.cfg.task} checkpoint, "
                              f"not {self.task}")
         self.input_size = tuple(input_size or self.model.cfg.image_size)
         check_image_size(self.input_size, self.model.cfg.patch_size)
+        self.fastpath = (fastpath or FastPath()).resolve(self.model)
+        self.model.set_channels_last(bool(self.fastpath.channels_last))
+        self._forward = compile_model(self.model, self.fastpath.compile, self.input_size)
+        log.info("%s fast path: %s", self.task, self.fastpath.describe(self.model))
 
     @property
     def device(self) -> torch.device:
@@ -70,6 +78,18 @@ class _Estimator:
 
     def image_tensor(self, image: np.ndarray | Tensor) -> Tensor:
         return to_device_image(image, self.device)
+
+    def forward(self, pixels: Tensor) -> tuple[Tensor, Tensor | None]:
+        """The model's raw outputs under the fast-path options (attention kernels, compiled graph)."""
+        with attention_context(self.fastpath.attention):
+            if self.fastpath.cuda_graphs:
+                torch.compiler.cudagraph_mark_step_begin()  # a new inference step: earlier replays are done
+            maps, scale = self._forward(pixels.contiguous() if self.fastpath.compile != "off" else pixels)
+        if self.fastpath.cuda_graphs:
+            # Graph outputs live in memory the next replay overwrites; later stages and downloads keep
+            # references past it, so hand out copies.
+            maps, scale = maps.clone(), None if scale is None else scale.clone()
+        return maps, scale
 
 
 class PoseEstimator(_Estimator):
@@ -104,7 +124,7 @@ class PoseEstimator(_Estimator):
         if n == 0:
             return crops.new_zeros(0, self.model.cfg.num_labels, self.input_size[0] // 4, self.input_size[1] // 4)
         batch = torch.cat((crops, crops.flip(-1))) if self.flip_test else crops
-        heatmaps, _ = self.model(batch)
+        heatmaps, _ = self.forward(batch)
         if self.flip_test:
             b = crops.shape[0]
             heatmaps = (heatmaps[:b] + flip_back(heatmaps[b:], self.flip_pairs)) / 2
@@ -136,7 +156,7 @@ class Segmenter(_Estimator):
 
     @torch.inference_mode()
     def infer(self, pixels: Tensor) -> Tensor:
-        return self.model(pixels)[0]
+        return self.forward(pixels)[0]
 
     def postprocess(self, logits: Tensor, frame_hw: tuple[int, int]) -> Tensor:
         return seg_classes(logits, frame_hw)[0]
@@ -160,7 +180,7 @@ class Matter(_Estimator):
 
     @torch.inference_mode()
     def infer(self, pixels: Tensor) -> Tensor:
-        return self.model(pixels)[0]
+        return self.forward(pixels)[0]
 
     def postprocess(self, maps: Tensor, frame_hw: tuple[int, int]) -> tuple[Tensor, Tensor]:
         alpha, fg = matting_maps(maps, frame_hw)
@@ -192,7 +212,7 @@ class _DenseEstimator(_Estimator):
 
     @torch.inference_mode()
     def infer(self, pixels: Tensor) -> tuple[Tensor, Tensor | None]:
-        return self.model(pixels)
+        return self.forward(pixels)
 
 
 class NormalEstimator(_DenseEstimator):

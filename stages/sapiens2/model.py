@@ -246,6 +246,7 @@ class Sapiens2(nn.Module):
         self.cfg = cfg
         self.backbone = Backbone(cfg)
         self.decode_head = Head(cfg)
+        self.channels_last = False  # decode head in NHWC (see set_channels_last)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -264,8 +265,23 @@ class Sapiens2(nn.Module):
         self.backbone.residual_dtype = torch.float32 if dtype == torch.float16 else None
         return self
 
+    def set_channels_last(self, enabled: bool) -> Sapiens2:
+        """Run the decode head's convolutions in channels_last (NHWC) memory format, or back to NCHW.
+
+        Only the layout changes, not the values: cuDNN picks its faster NHWC kernels on tensor cores.
+        """
+        fmt = torch.channels_last if enabled else torch.contiguous_format
+        for module in self.decode_head.modules():
+            if isinstance(module, nn.Conv2d | nn.ConvTranspose2d):
+                module.weight.data = module.weight.data.contiguous(memory_format=fmt)
+        self.channels_last = enabled
+        return self
+
     def forward(self, pixels: Tensor) -> tuple[Tensor, Tensor | None]:
-        maps, scale = self.decode_head(self.backbone.forward_features(pixels))
+        features = self.backbone.forward_features(pixels)  # (B, D, h, w)
+        if self.channels_last:
+            features = features.contiguous(memory_format=torch.channels_last)
+        maps, scale = self.decode_head(features)
         if self.cfg.task == "matting":
             maps = maps.sigmoid()  # (B, 4, H, W): premultiplied RGB foreground + alpha
         return maps, scale

@@ -1,0 +1,186 @@
+"""GPU fast-path options of a Sapiens2 estimator, each switchable and each numerically equivalent.
+
+    fp = FastPath(attention="flash", channels_last=True, compile="reduce-overhead")
+    pose = PoseEstimator(model, fastpath=fp)
+    seconds = warmup(pose, max_batch=8)      # compiles/records every batch bucket once
+
+- ``attention``: which scaled-dot-product-attention kernels the forward may use ("auto" lets PyTorch
+  choose). A backend that cannot run this model here (CPU, unsupported head size, dtype or GQA) falls
+  back to "auto" with one warning instead of failing mid-stream.
+- ``channels_last``: the decode head's convolutions run in NHWC (faster cuDNN kernels on tensor
+  cores). ``None`` means on for CUDA, off for CPU.
+- ``compile``: ``torch.compile`` of the whole model forward with static shapes (the pose batch
+  buckets keep the number of shapes small). "reduce-overhead" replays CUDA graphs. Opt-in: the
+  first call of every shape compiles, which :func:`warmup` does up front and times.
+
+Fused QKV (one GEMM for q, k and v) is a load-time option (``load_model(fuse_qkv=...)``) and is
+reported here with the rest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from .model import Sapiens2
+
+if TYPE_CHECKING:
+    from .estimators import _Estimator
+
+log = logging.getLogger(__name__)
+
+ATTENTION_BACKENDS = {
+    "auto": None,
+    "flash": SDPBackend.FLASH_ATTENTION,
+    "efficient": SDPBackend.EFFICIENT_ATTENTION,
+    "cudnn": SDPBackend.CUDNN_ATTENTION,
+    "math": SDPBackend.MATH,
+}
+COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune")
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        log.warning(message)
+
+
+@dataclass(frozen=True)
+class FastPath:
+    """Fast-path switches of one estimator; every combination computes the same outputs."""
+
+    attention: str = "auto"  # auto | flash | efficient | cudnn | math
+    channels_last: bool | None = None  # None: on for CUDA, off for CPU
+    compile: str = "off"  # off | default | reduce-overhead | max-autotune
+
+    def __post_init__(self) -> None:
+        if self.attention not in ATTENTION_BACKENDS:
+            raise ValueError(f"attention: {self.attention!r} is not one of {', '.join(ATTENTION_BACKENDS)}")
+        if self.compile not in COMPILE_MODES:
+            raise ValueError(f"compile: {self.compile!r} is not one of {', '.join(COMPILE_MODES)}")
+        if self.channels_last not in (None, True, False):
+            raise ValueError(f"channels_last: expected true, false or auto (null), got {self.channels_last!r}")
+
+    @property
+    def cuda_graphs(self) -> bool:
+        return self.compile == "reduce-overhead"
+
+    def resolve(self, model: Sapiens2) -> FastPath:
+        """Concrete options for this model on its device: auto filled in, unusable choices dropped."""
+        device = model.device
+        channels_last = device.type == "cuda" if self.channels_last is None else self.channels_last
+        attention = self.attention
+        if device.type != "cuda" and attention not in ("auto", "math"):
+            _warn_once(f"attention={attention!r} needs CUDA; using 'auto' on {device.type}")
+            attention = "auto"
+        elif attention != "auto":
+            problem = probe_attention(attention, model)
+            if problem:
+                _warn_once(f"attention={attention!r} cannot run this model here ({problem}); using 'auto'")
+                attention = "auto"
+        compile_mode = self.compile
+        if self.cuda_graphs and device.type != "cuda":
+            _warn_once("compile='reduce-overhead' (CUDA graphs) needs CUDA; using compile='default'")
+            compile_mode = "default"
+        return replace(self, attention=attention, channels_last=channels_last, compile=compile_mode)
+
+    def describe(self, model: Sapiens2 | None = None) -> str:
+        """One line for the log, e.g. ``fused_qkv=on attention=flash channels_last=on compile=off``."""
+        onoff = {True: "on", False: "off", None: "auto"}
+        parts = [] if model is None else [f"fused_qkv={onoff[bool(model.cfg.fuse_qkv)]}"]
+        parts += [f"attention={self.attention}", f"channels_last={onoff[self.channels_last]}",
+                  f"compile={self.compile}"]
+        return " ".join(parts)
+
+
+def attention_context(attention: str) -> contextlib.AbstractContextManager:
+    """Context manager restricting SDPA to one backend ("auto": no restriction)."""
+    backend = ATTENTION_BACKENDS[attention]
+    return contextlib.nullcontext() if backend is None else sdpa_kernel(backend)
+
+
+def probe_attention(attention: str, model: Sapiens2) -> str | None:
+    """Why ``attention`` cannot run this model's attention shapes on its device, or None if it can."""
+    cfg = model.cfg
+    # Attention inputs are in the compute dtype (float16 included: only the residual stays float32).
+    dtype, device = model.dtype, model.device
+    tokens = cfg.num_prefix_tokens + 16
+    for kv_heads in sorted(set(cfg.num_key_value_heads_per_layer)):
+        q = torch.randn(1, cfg.num_attention_heads, tokens, cfg.head_dim, device=device, dtype=dtype)
+        kv = torch.randn(1, kv_heads, tokens, cfg.head_dim, device=device, dtype=dtype)
+        try:
+            with torch.inference_mode(), attention_context(attention):
+                F.scaled_dot_product_attention(q, kv, kv, enable_gqa=kv_heads != cfg.num_attention_heads)
+        except RuntimeError as exc:
+            return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return None
+
+
+def compile_model(model: Sapiens2, mode: str,
+                  input_size: tuple[int, int]) -> Callable[[Tensor], tuple[Tensor, Tensor | None]]:
+    """The model's forward, compiled with static shapes (``mode="off"``: the model itself).
+
+    Callers pass contiguous inputs of ``input_size``: dynamo guards on strides and sizes, so any
+    other layout or size compiles again.
+    """
+    if mode == "off":
+        return model
+    # Every Sapiens2 instance shares one code object, and so one recompile budget (8 by default):
+    # pose buckets (x2 with flip test) plus the dense tasks need more before dynamo gives up.
+    config = torch._dynamo.config
+    config.recompile_limit = max(config.recompile_limit, 64)
+    # Fill the RoPE table first: a lookup that misses inside the graph guards on the miss and
+    # compiles again once the table is there.
+    patch = model.cfg.patch_size
+    model.backbone.rope(input_size[0] // patch, input_size[1] // patch, model.device)
+    return torch.compile(model, mode=mode, dynamic=False)
+
+
+def warmup_batches(estimator: _Estimator, max_batch: int) -> list[int]:
+    """Padded batch sizes the estimator will see: every pose bucket up to max_batch, else just 1."""
+    from .estimators import bucket
+
+    if estimator.task != "pose":
+        return [1]
+    return sorted({bucket(n) for n in range(1, max(1, max_batch) + 1)})
+
+
+@torch.inference_mode()
+def warmup(estimator: _Estimator, max_batch: int = 8) -> float:
+    """Run every input shape once (three times under CUDA graphs: warm-up, record, replay).
+
+    Returns the seconds it took: with ``compile`` on, that is the compile cost a stream would
+    otherwise pay on its first frames. Outputs are discarded.
+    """
+    device = estimator.device
+    h, w = estimator.input_size
+    image = estimator.image_tensor(np.zeros((h, w, 3), np.uint8))  # (3, H, W), laid out as real frames
+    runs = 3 if estimator.fastpath.cuda_graphs else 1
+    start = time.perf_counter()
+    for batch in warmup_batches(estimator, max_batch):
+        for _ in range(runs):
+            if estimator.task == "pose":
+                boxes = torch.tensor([[0.0, 0.0, w - 1.0, h - 1.0]], device=device).expand(batch, 4)
+                estimator.infer(estimator.preprocess(image, boxes), batch)
+            else:
+                estimator.infer(estimator.preprocess(image))
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    seconds = time.perf_counter() - start
+    log.info("%s warm-up (%s) %.1f s", estimator.task, estimator.fastpath.describe(), seconds)
+    return seconds
+
+
+__all__ = ["ATTENTION_BACKENDS", "COMPILE_MODES", "FastPath", "attention_context", "compile_model",
+           "probe_attention", "warmup", "warmup_batches"]

@@ -1,0 +1,249 @@
+"""GPU fast-path switches on the CPU: every option computes what the default computes, CUDA-only
+choices fall back with one warning, config/CLI validate them, and the published JPEG falls back to
+the CPU encoder with the same wire format."""
+
+from __future__ import annotations
+
+import logging
+import time
+from fractions import Fraction
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline import wire
+from pipeline.cli import build_parser, overrides_from
+from pipeline.config import RECORD_CODECS, ConfigError, load_config
+from pipeline.publisher import JpegEncoder, ZmqPublisher
+from pipeline.sinks import StreamInfo
+from pipeline.stages_setup import build_stages, fastpath_from
+from pipeline.subscriber import FrameMessage, ReceiveTimeout, Subscriber
+from stages.sapiens2 import fastpath as fastpath_mod
+from stages.sapiens2 import load_model
+from stages.sapiens2.estimators import BATCH_BUCKETS, ESTIMATORS
+from stages.sapiens2.fastpath import FastPath, warmup, warmup_batches
+from stages.sapiens2.tiny import make_tiny
+from stages.types import Detections, Frame, FrameResult
+
+TASKS = ["pose", "seg", "matting", "normal", "pointmap"]
+SIZE = (128, 96)
+
+
+@pytest.fixture(scope="module")
+def tiny_dirs(tmp_path_factory):
+    return {task: make_tiny(tmp_path_factory.mktemp(f"fp_{task}"), task, image_size=SIZE) for task in TASKS}
+
+
+@pytest.fixture(autouse=True)
+def fresh_warnings(monkeypatch):
+    monkeypatch.setattr(fastpath_mod, "_warned", set())
+
+
+def _estimator(folder, task: str, fastpath: FastPath | None = None):
+    return ESTIMATORS[task](load_model(folder, device="cpu"), fastpath=fastpath)
+
+
+@torch.inference_mode()  # as in the pipeline: dynamo guards on inference vs normal tensors
+def _pixels(est, seed: int = 0) -> torch.Tensor:
+    rng = np.random.default_rng(seed)
+    image = est.image_tensor(rng.integers(0, 256, (90, 70, 3), dtype=np.uint8))  # (3, H, W) as frames arrive
+    if est.task == "pose":
+        boxes = torch.tensor([[5.0, 8.0, 60.0, 85.0], [0.0, 0.0, 69.0, 89.0], [20.0, 30.0, 40.0, 70.0]])
+        return est.preprocess(image, boxes)  # (4, 3, h, w): three crops padded to a bucket
+    return est.preprocess(image)
+
+
+def _outputs(est, pixels: torch.Tensor) -> list[torch.Tensor]:
+    with torch.inference_mode():
+        maps, scale = est.forward(pixels)
+    return [maps] if scale is None else [maps, scale]
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_channels_last_heads_match_default(tiny_dirs, task):
+    base = _estimator(tiny_dirs[task], task)
+    fast = _estimator(tiny_dirs[task], task, FastPath(channels_last=True))
+    assert base.fastpath.channels_last is False and fast.fastpath.channels_last is True  # CPU default: off
+    convs = [m for m in fast.model.decode_head.modules() if isinstance(m, torch.nn.Conv2d | torch.nn.ConvTranspose2d)]
+    assert convs and all(m.weight.is_contiguous(memory_format=torch.channels_last) for m in convs)
+    pixels = _pixels(base)
+    for want, got in zip(_outputs(base, pixels), _outputs(fast, pixels), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("task", ["pose", "seg"])
+def test_math_attention_matches_auto(tiny_dirs, task):
+    base = _estimator(tiny_dirs[task], task)
+    math = _estimator(tiny_dirs[task], task, FastPath(attention="math"))
+    assert math.fastpath.attention == "math"
+    pixels = _pixels(base)
+    torch.testing.assert_close(_outputs(math, pixels)[0], _outputs(base, pixels)[0], rtol=1e-4, atol=1e-4)
+
+
+def test_cuda_only_choices_fall_back_on_cpu_with_one_warning(tiny_dirs, caplog):
+    caplog.set_level(logging.INFO, "stages.sapiens2")
+    first = _estimator(tiny_dirs["pose"], "pose", FastPath(attention="flash"))
+    second = _estimator(tiny_dirs["seg"], "seg", FastPath(attention="flash"))
+    assert first.fastpath.attention == second.fastpath.attention == "auto"
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING and "flash" in r.getMessage()]
+    assert len(warnings) == 1 and "using 'auto'" in warnings[0].getMessage()
+    # CUDA graphs need CUDA: compile stays on, without graphs (resolve() compiles nothing itself).
+    assert FastPath(compile="reduce-overhead").resolve(first.model).compile == "default"
+    pixels = _pixels(first)
+    torch.testing.assert_close(_outputs(first, pixels)[0], _outputs(_estimator(tiny_dirs["pose"], "pose"), pixels)[0])
+
+
+def test_backend_that_cannot_run_the_model_falls_back_to_auto(tiny_dirs, monkeypatch, caplog):
+    """What happens on a GPU whose flash/cuDNN kernels reject this head size, dtype or GQA."""
+    def no_kernel(*args, **kwargs):
+        raise RuntimeError("No available kernel. Aborting execution.")
+
+    monkeypatch.setattr(fastpath_mod.F, "scaled_dot_product_attention", no_kernel)
+    model = load_model(tiny_dirs["pose"], device="cpu")
+    assert FastPath(attention="math").resolve(model).attention == "auto"
+    assert "attention='math' cannot run this model here (No available kernel" in caplog.text
+
+
+def test_active_options_are_logged(tiny_dirs, caplog):
+    caplog.set_level(logging.INFO, "stages.sapiens2")
+    _estimator(tiny_dirs["pose"], "pose", FastPath(attention="math", channels_last=True))
+    assert "pose fast path: fused_qkv=on attention=math channels_last=on compile=off" in caplog.text
+
+
+@pytest.mark.parametrize("kwargs, key", [({"attention": "flashy"}, "attention"), ({"compile": "fast"}, "compile"),
+                                         ({"channels_last": "yes"}, "channels_last")])
+def test_fastpath_rejects_unknown_values(kwargs, key):
+    with pytest.raises(ValueError, match=f"^{key}: "):
+        FastPath(**kwargs)
+
+
+def test_warmup_runs_every_bucket(tiny_dirs):
+    pose = _estimator(tiny_dirs["pose"], "pose")
+    assert warmup_batches(pose, 8) == [1, 2, 4, 8] and warmup_batches(pose, 40) == [*BATCH_BUCKETS, 32, 48]
+    assert warmup_batches(_estimator(tiny_dirs["seg"], "seg"), 8) == [1]
+    assert warmup(pose, max_batch=2) > 0
+
+
+def test_compile_matches_eager(tmp_path):
+    folder = make_tiny(tmp_path / "pose", "pose", hidden=32, layers=2, heads=2, image_size=(64, 48))
+    eager = _estimator(folder, "pose")
+    compiled = _estimator(folder, "pose", FastPath(compile="default"))
+    pixels = _pixels(eager)[:1]
+    assert isinstance(compiled._forward, torch._dynamo.eval_frame.OptimizedModule)
+    seconds = warmup(compiled, max_batch=1)  # compiles the one shape used below
+    assert seconds > 0
+    graphs = dict(torch._dynamo.utils.counters["stats"])
+    got = _outputs(compiled, pixels)[0]
+    assert dict(torch._dynamo.utils.counters["stats"]) == graphs  # warmed up: nothing compiled again
+    torch.testing.assert_close(got, _outputs(eager, pixels)[0], rtol=1e-4, atol=1e-4)
+
+
+# -- run config and CLI ------------------------------------------------------------------------------
+def test_cli_flags_reach_the_config_and_estimators(tmp_path):
+    args = build_parser().parse_args(["run", "--attention", "math", "--channels-last", "on", "--compile", "off",
+                                      "--gpu-jpeg", "--record-codec", "h264_nvenc", "--tasks", "seg",
+                                      "--checkpoint", f"seg={make_tiny(tmp_path / 'seg', 'seg', image_size=SIZE)}"])
+    cfg = load_config(None, overrides_from(args))
+    assert (cfg.attention, cfg.channels_last, cfg.compile, cfg.gpu_jpeg, cfg.record_codec) == (
+        "math", True, "off", True, "h264_nvenc")
+    assert fastpath_from(cfg) == FastPath("math", True, "off")
+    cfg.device = "cpu"
+    est = build_stages(cfg).estimators["seg"]
+    assert est.fastpath == FastPath("math", True, "off") and est.model.channels_last
+    auto = load_config(None, overrides_from(build_parser().parse_args(["run", "--channels-last", "auto"])))
+    assert auto.channels_last is None and not auto.gpu_jpeg and auto.compile == "off"
+
+
+def test_yaml_accepts_auto_for_channels_last(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("channels_last: auto\nattention: efficient\ncompile: max-autotune\n")
+    cfg = load_config(path)
+    assert (cfg.channels_last, cfg.attention, cfg.compile) == (None, "efficient", "max-autotune")
+
+
+@pytest.mark.parametrize("key, value", [("attention", "flashy"), ("compile", "yes"), ("record_codec", "vp9"),
+                                        ("channels_last", "sometimes"), ("gpu_jpeg", "on")])
+def test_config_rejects_bad_fast_path_values_naming_the_key(key, value):
+    with pytest.raises(ConfigError, match=key):
+        load_config(None, {key: value})
+
+
+def test_record_codecs_match_the_recorder():
+    from pipeline.recorder import _FALLBACKS
+
+    assert set(RECORD_CODECS) == set(_FALLBACKS)
+
+
+# -- JPEG of published frames ------------------------------------------------------------------------
+def _frame_result(h: int = 48, w: int = 64) -> FrameResult:
+    yy, xx = np.mgrid[0:h, 0:w]
+    image = np.stack([xx * 255 // w, yy * 255 // h, (xx + yy) * 255 // (h + w)], -1).astype(np.uint8)  # smooth
+    frame = Frame(index=0, image=image, pts=0, time_base=Fraction(1, 90000), capture_ns=1, source_id="cam0")
+    return FrameResult(frame, Detections.empty(), None, annotated=image.copy())
+
+
+def _publish_one_frame(pub: ZmqPublisher, result: FrameResult) -> FrameMessage:
+    pub.open(StreamInfo("cam0", result.frame.width, result.frame.height, 30.0, Fraction(1, 90000), live=True))
+    try:
+        with Subscriber(pub.endpoint, ["frame"], timeout_s=2) as sub:
+            assert pub.wait_for_subscriber("frame.cam0", 5)
+            pub.write(result)
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                try:
+                    msg = sub.recv(timeout_s=0.2)
+                except ReceiveTimeout:
+                    continue
+                if isinstance(msg, FrameMessage):
+                    return msg
+    finally:
+        pub.close()
+    raise AssertionError("no frame message received")
+
+
+def _assert_same_image(got: np.ndarray, want: np.ndarray) -> None:
+    assert got.shape == want.shape and got.dtype == np.uint8
+    assert np.abs(got.astype(int) - want.astype(int)).mean() < 3.0  # JPEG at quality 90 on a smooth image
+
+
+def test_gpu_jpeg_without_cuda_takes_the_cpu_path(caplog):
+    caplog.set_level(logging.INFO, "pipeline.publisher")
+    result = _frame_result()
+    pub = ZmqPublisher("tcp://127.0.0.1:*", jpeg_quality=90, gpu_jpeg=True)
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present: the GPU encoder is used (measured by bench/)")
+    assert not pub.jpeg.active and "no CUDA device" in caplog.text
+    msg = _publish_one_frame(pub, result)
+    _assert_same_image(msg.image, result.annotated)
+
+
+def test_torch_encoder_frames_decode_like_cpu_ones():
+    """The pre-encoded path (what CUDA uses), run with torchvision's CPU encoder: same wire format."""
+    result = _frame_result()
+    pub = ZmqPublisher("tcp://127.0.0.1:*", jpeg_quality=90)
+    pub.jpeg = JpegEncoder(90, "cpu")
+    msg = _publish_one_frame(pub, result)
+    assert pub.jpeg.active
+    assert msg.header["parts"] == [{"name": "image", "encoding": "jpeg", "dtype": "|u1", "shape": [48, 64, 3],
+                                    "color": "rgb"}]
+    _assert_same_image(msg.image, result.annotated)
+
+
+def test_encoder_failure_falls_back_once(monkeypatch, caplog):
+    import torchvision.io
+
+    calls = []
+
+    def broken(*args, **kwargs):
+        calls.append(1)
+        raise RuntimeError("nvjpeg: simulated failure")
+
+    monkeypatch.setattr(torchvision.io, "encode_jpeg", broken)
+    encoder = JpegEncoder(90, "cpu")
+    image = _frame_result().annotated
+    assert encoder.encode(image) is None and encoder.encode(image) is None
+    assert len(calls) == 1 and not encoder.active
+    assert caplog.text.count("GPU JPEG encoding failed (nvjpeg: simulated failure)") == 1
+    frames = wire.encode("frame", "cam0", {"frame_index": 0}, [wire.Part("image", image, "jpeg")], publish_ns=1)
+    _assert_same_image(wire.decode(frames).arrays["image"], image)
