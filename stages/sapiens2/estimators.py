@@ -146,10 +146,8 @@ class PoseEstimator(_Estimator):
         return Keypoints(xy.cpu().numpy(), scores.cpu().numpy())
 
 
-class Segmenter(_Estimator):
-    """Body-part segmentation (29 classes) of the full frame."""
-
-    task = "seg"
+class _FullFrameEstimator(_Estimator):
+    """Segmentation and matting: the whole frame resized to the input (aspect not kept)."""
 
     def preprocess(self, image: Tensor) -> Tensor:
         return resize_full(image, self.input_size)
@@ -157,6 +155,12 @@ class Segmenter(_Estimator):
     @torch.inference_mode()
     def infer(self, pixels: Tensor) -> Tensor:
         return self.forward(pixels)[0]
+
+
+class Segmenter(_FullFrameEstimator):
+    """Body-part segmentation (29 classes) of the full frame."""
+
+    task = "seg"
 
     def postprocess(self, logits: Tensor, frame_hw: tuple[int, int]) -> Tensor:
         return seg_classes(logits, frame_hw)[0]
@@ -170,17 +174,10 @@ class Segmenter(_Estimator):
         return self.postprocess(logits, tuple(image_t.shape[1:])).to(torch.uint8).cpu().numpy()
 
 
-class Matter(_Estimator):
+class Matter(_FullFrameEstimator):
     """Human matting: alpha and premultiplied foreground of the full frame."""
 
     task = "matting"
-
-    def preprocess(self, image: Tensor) -> Tensor:
-        return resize_full(image, self.input_size)
-
-    @torch.inference_mode()
-    def infer(self, pixels: Tensor) -> Tensor:
-        return self.forward(pixels)[0]
 
     def postprocess(self, maps: Tensor, frame_hw: tuple[int, int]) -> tuple[Tensor, Tensor]:
         alpha, fg = matting_maps(maps, frame_hw)
