@@ -3,7 +3,9 @@
 Both paths go image + boxes -> keypoints in image pixels: ours is ``PoseEstimator.predict``; the
 reference is ``Sapiens2ImageProcessor`` + ``Sapiens2ForPoseEstimation`` + ``post_process_pose_estimation``.
 Same weights (the reference model saved with ``save_pretrained`` and loaded by our loader), same
-inputs, same precision, warm-up excluded. Prints a table and the ratio; ``--json`` writes all numbers.
+inputs, same precision, warm-up excluded, the two paths interleaved call by call so outside load
+hits both alike. Prints a table and the ratio; ``--json`` writes all numbers. ``bench_stages.py``
+is the fuller version (model-only rows, seg, matting, GPU).
 
     .venv/bin/python bench/bench_pose_cpu.py [--persons 1 2 4] [--iters 5] [--json out.json]
 """
@@ -11,11 +13,8 @@ inputs, same precision, warm-up excluded. Prints a table and the ratio; ``--json
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -23,45 +22,32 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from stages.sapiens2.estimators import PoseEstimator  # noqa: E402
+from bench.bench_stages import CONFIGS, build_pair  # noqa: E402
+from bench.harness import dump_json, load_average, machine_info, measure_interleaved, table, wait_quiet  # noqa: E402
 
-MEDIUM = dict(hidden_size=384, intermediate_size=1024, num_hidden_layers=8, num_attention_heads=6,
-              num_key_value_attention_heads=3, num_first_full_attention_layers=2, num_last_full_attention_layers=2,
-              num_register_tokens=8, image_size=[512, 384], num_labels=308,
-              head_config=dict(upsample_out_channels=[256, 256], conv_out_channels=[256, 256]))
-
-
-def timed(fn, iters: int, warmup: int = 2) -> list[float]:
-    for _ in range(warmup):
-        fn()
-    out = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        out.append((time.perf_counter() - t0) * 1000.0)
-    return out
+MEDIUM = CONFIGS["medium"]
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--persons", type=int, nargs="+", default=[1, 2, 4])
     ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    ap.add_argument("--wait-quiet", type=float, default=0.0, metavar="S",
+                    help="before each person count, wait up to S seconds for other jobs to leave the CPU idle (shared machines)")
     ap.add_argument("--json", help="write the full numbers here")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    import transformers
     from transformers import Sapiens2ImageProcessor
 
-    torch.manual_seed(0)
-    ref = transformers.Sapiens2ForPoseEstimation(transformers.Sapiens2Config(**MEDIUM)).eval()
     proc = Sapiens2ImageProcessor(size={"height": 512, "width": 384})
     rng = np.random.default_rng(0)
     image = rng.integers(0, 255, (720, 1280, 3), dtype=np.uint8)
-    rows = []
+    rows, stats = [], {}
+    load0 = load_average()
     with tempfile.TemporaryDirectory() as tmp:
-        ref.save_pretrained(tmp)
-        ours = PoseEstimator(tmp, device="cpu", dtype="float32")
+        ref, ours = build_pair("pose", "medium", Path(tmp), torch.device("cpu"), torch.float32)
         for n in args.persons:
             x1 = rng.uniform(0, 900, n)
             y1 = rng.uniform(0, 300, n)
@@ -69,23 +55,26 @@ def main() -> int:
             xywh = [[[float(a), float(b), float(c - a), float(d - b)] for a, b, c, d in boxes]]
 
             def reference() -> None:
-                with torch.inference_mode():
-                    inputs = proc(image, boxes=xywh, return_tensors="pt")
-                    out = ref(inputs["pixel_values"])
-                    proc.post_process_pose_estimation(out, boxes=xywh)
+                inputs = proc(image, boxes=xywh, return_tensors="pt")
+                proc.post_process_pose_estimation(ref(inputs["pixel_values"]), boxes=xywh)
 
-            t_ours = timed(lambda: ours.predict(image, boxes), args.iters)
-            t_ref = timed(reference, args.iters)
-            rows.append({"persons": n, "ours_ms": t_ours, "reference_ms": t_ref,
-                         "ours_p50": statistics.median(t_ours), "reference_p50": statistics.median(t_ref)})
-    print(f"pose path, random medium config (D=384 L=8 H=6, 512x384 input), CPU float32, "
-          f"{args.threads} threads, torch {torch.__version__}")
-    print(f"{'persons':>7} {'ours p50 ms':>12} {'reference p50 ms':>17} {'speed-up':>9}")
-    for r in rows:
-        print(f"{r['persons']:>7} {r['ours_p50']:>12.1f} {r['reference_p50']:>17.1f} "
-              f"{r['reference_p50'] / r['ours_p50']:>8.2f}x")
+            if args.wait_quiet > 0:  # other jobs on a shared box come and go: wait before each group
+                wait_quiet(args.wait_quiet)
+            with torch.inference_mode():
+                s = measure_interleaved({"ours": lambda: ours.predict(image, boxes), "reference": reference},
+                                        args.iters, args.warmup, "cpu", items=n)
+            stats[n] = s
+            rows.append({"persons": n, "ours p50 ms": s["ours"].p50, "ours p95 ms": s["ours"].p95,
+                         "reference p50 ms": s["reference"].p50, "reference p95 ms": s["reference"].p95,
+                         "speed-up": f"{s['reference'].p50 / s['ours'].p50:.2f}x"})
+    arch = MEDIUM["arch"]
+    print(f"pose path, random medium config (D={arch['hidden_size']} L={arch['num_hidden_layers']} "
+          f"H={arch['num_attention_heads']}, 512x384 input), 1280x720 image, CPU float32, {args.threads} threads, "
+          f"torch {torch.__version__}, {args.iters} iters (+{args.warmup} warm-up), interleaved; "
+          f"1-min load {load0} -> {load_average()} on {machine_info()['cpus']} cores")
+    print(table(rows, floatfmt=".1f"))
     if args.json:
-        Path(args.json).write_text(json.dumps({"config": MEDIUM, "rows": rows}, indent=2))
+        dump_json(args.json, {"config": MEDIUM, "rows": rows, "stats": stats, "machine": machine_info()})
     return 0
 
 
