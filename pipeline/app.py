@@ -6,6 +6,7 @@ import logging
 import sys
 import threading
 import time
+from dataclasses import replace
 
 import numpy as np
 
@@ -18,7 +19,7 @@ from .engine import FrameEngine
 from .runner import Runner
 from .sinks import Sink
 from .sources import Source, open_source
-from .stages_setup import build_stages
+from .stages_setup import Stages, build_stages
 
 log = logging.getLogger("sapiens2_stream")
 
@@ -92,17 +93,37 @@ def build_sinks(cfg: RunConfig, stop: threading.Event) -> list[Sink]:
 def run_pipeline(cfg: RunConfig, stop: threading.Event | None = None) -> int:
     """Run until the source ends, max_frames, a stop request or an error. 0 on success."""
     stop = stop or threading.Event()
-    stages = build_stages(cfg)
-    for note in stages.notes:
-        log.warning(note)
-    if stages.random_weights:
-        log.warning("RANDOM WEIGHTS in use: outputs are meaningless (tests and offline demo only)")
+    # The source first: a missing camera or a corrupt file fails in seconds, before any weights load.
     source = open_source(cfg.source, realtime=cfg.realtime, stall_timeout_s=cfg.stall_timeout_s,
                          source_id=cfg.source_id)
+    try:  # until the runner owns the source, a setup failure must stop it here
+        stages = build_stages(cfg)
+        runner, display = assemble(cfg, source, stages, stop)
+    except BaseException:
+        source.stop()
+        raise
+    try:
+        stats = runner.run()
+    finally:
+        display.close()
+    if stats.error is not None:
+        raise stats.error
+    p95 = float(np.percentile(stats.latency_ms, 95)) if stats.latency_ms else 0.0
+    log.info("done: %d frames, %.1f fps, capture-to-output p95 %.0f ms, %d dropped%s", stats.frames, stats.fps,
+             p95, source.frames_dropped, " (RANDOM WEIGHTS)" if stages.random_weights else "")
+    for path in (cfg.record, cfg.save_keypoints):
+        if path:
+            log.info("wrote %s", path)
+    return 0
+
+
+def assemble(cfg: RunConfig, source: Source, stages: Stages, stop: threading.Event) -> tuple[Runner, Display]:
+    """Sinks, annotation, engine and display around an opened source and loaded stages."""
+    for note in stages.notes:
+        log.warning(note)
     info = source.info
     if stages.random_weights:
-        from dataclasses import replace
-
+        log.warning("RANDOM WEIGHTS in use: outputs are meaningless (tests and offline demo only)")
         info = replace(info, random_weights=True)
     sinks = build_sinks(cfg, stop)
     publisher = next((s for s in sinks if hasattr(s, "set_health")), None)
@@ -112,6 +133,7 @@ def run_pipeline(cfg: RunConfig, stop: threading.Event | None = None) -> int:
 
     def wants_image() -> bool:  # a frame nobody records, shows or subscribes to is not drawn
         return always_image or (publisher is not None and publisher.subscribed(frame_topic))
+
     smoother = KeypointSmoother(cfg.smooth_min_cutoff, cfg.smooth_beta) if cfg.smooth else None
     engine = FrameEngine(stages, cfg.kpt_threshold, cfg.detect_every, smoother)
     display = Display(source, cfg.progress, cfg.max_frames or _frame_count(source))
@@ -130,19 +152,7 @@ def run_pipeline(cfg: RunConfig, stop: threading.Event | None = None) -> int:
              "live" if info.live else "file", ",".join(cfg.tasks), stages.device)
     runner = Runner(source, engine, sinks, annotator, stages.random_weights, cfg.max_frames, on_result, on_idle,
                     stop, info, wants_image=wants_image)
-    try:
-        stats = runner.run()
-    finally:
-        display.close()
-    if stats.error is not None:
-        raise stats.error
-    p95 = float(np.percentile(stats.latency_ms, 95)) if stats.latency_ms else 0.0
-    log.info("done: %d frames, %.1f fps, capture-to-output p95 %.0f ms, %d dropped%s", stats.frames, stats.fps,
-             p95, source.frames_dropped, " (RANDOM WEIGHTS)" if stages.random_weights else "")
-    for path in (cfg.record, cfg.save_keypoints):
-        if path:
-            log.info("wrote %s", path)
-    return 0
+    return runner, display
 
 
 def _annotation_layers(cfg: RunConfig) -> list[str]:
