@@ -55,6 +55,8 @@ class Clock:
         for name, (a, b) in self.marks.items():
             if b is None:
                 continue
+            if self.cuda:
+                b.synchronize()  # done already when its stage's results were collected
             out[name] = a.elapsed_time(b) if self.cuda else (b - a) * 1000.0
         return out
 

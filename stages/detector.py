@@ -17,8 +17,11 @@ analytics are switched off in-process (its settings file is not touched).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -256,10 +259,11 @@ class PersonDetector:
         if self.device is not None:
             kwargs["device"] = self.device
         try:
-            if self.track:
-                results = self.model.track(bgr, persist=True, tracker="bytetrack.yaml", **kwargs)
-            else:
-                results = self.model.predict(bgr, **kwargs)
+            with _no_device_sync():
+                if self.track:
+                    results = self.model.track(bgr, persist=True, tracker="bytetrack.yaml", **kwargs)
+                else:
+                    results = self.model.predict(bgr, **kwargs)
         except (RuntimeError, ValueError, OSError) as exc:
             raise DetectorError(f"person detector failed: {exc}") from exc
         boxes = results[0].boxes
@@ -271,3 +275,19 @@ class PersonDetector:
             ids = np.full(len(xyxy), -1, np.int64)
         order = np.argsort(-scores, kind="stable")[: self.max_persons]
         return Detections(xyxy[order], scores[order], ids[order])
+
+
+@contextlib.contextmanager
+def _no_device_sync() -> Iterator[None]:
+    """Ultralytics times each predict step with a device-wide ``synchronize()`` (6 per frame), which
+    would make the detector wait for the Sapiens2 work queued on the other CUDA streams and undo their
+    overlap. Inside detect() its timer reads the clock without synchronising; the results' ``.cpu()``
+    still waits for the detector's own stream."""
+    from ultralytics.utils import ops
+
+    original = ops.Profile.time
+    ops.Profile.time = lambda self: time.perf_counter()
+    try:
+        yield
+    finally:
+        ops.Profile.time = original

@@ -208,3 +208,28 @@ def test_results_become_sorted_detections(
     if track:
         assert kwargs["persist"] is True and kwargs["tracker"] == "bytetrack.yaml"
     yaml_detector.reset()
+
+
+def test_detect_does_not_synchronise_the_device(monkeypatch) -> None:
+    """Ultralytics' step timer calls a device-wide synchronize; inside detect() it must not."""
+    import ultralytics.utils.ops as ops
+
+    from stages.detector import _no_device_sync
+
+    calls = []
+
+    class FakeBackend:
+        def synchronize(self, device) -> None:
+            calls.append(device)
+
+    profile = ops.Profile()
+    profile.accelerator = FakeBackend()  # as on a CUDA device
+    profile.time()
+    assert calls, "the unpatched timer synchronises (the hazard is real)"
+    calls.clear()
+    with _no_device_sync():
+        with profile:
+            pass
+    assert not calls
+    profile.time()
+    assert calls  # restored afterwards
