@@ -114,7 +114,8 @@ def summary(msg: Message) -> dict[str, Any]:
         return {"topic": msg.topic, **{k: v for k, v in msg.header.items() if k != "parts"}}
     out: dict[str, Any] = {"topic": msg.topic, "source_id": msg.meta.source_id, "frame_index": msg.meta.frame_index,
                            "capture_ns": msg.meta.capture_ns, "publish_ns": msg.header.get("publish_ns"),
-                           "latency_ms": msg.meta.latency_ms, "drops": msg.meta.drops}
+                           "latency_ms": msg.meta.latency_ms, "drops": msg.meta.drops,
+                           "random_weights": msg.meta.random_weights}
     if isinstance(msg, KeypointsMessage):
         out.update(persons=len(msg.boxes), boxes=msg.boxes.tolist(), box_scores=msg.box_scores.tolist(),
                    track_ids=msg.track_ids.tolist(), keypoints=msg.keypoints.tolist(),
@@ -131,7 +132,8 @@ def line(msg: Message) -> str:
     lat = sum(msg.meta.latency_ms.values())
     extra = f" persons={len(msg.boxes)}" if isinstance(msg, KeypointsMessage) else ""
     age_ms = (time.time_ns() - msg.meta.capture_ns) / 1e6 if msg.meta.capture_ns else float("nan")
-    return f"{msg.topic} #{msg.meta.frame_index}{extra} latency={lat:.1f}ms age={age_ms:.1f}ms"
+    label = " [RANDOM WEIGHTS: meaningless]" if msg.meta.random_weights else ""
+    return f"{msg.topic} #{msg.meta.frame_index}{extra} latency={lat:.1f}ms age={age_ms:.1f}ms{label}"
 
 
 class _Recorder:
