@@ -40,7 +40,7 @@ import zmq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.harness import (Stats, dump_json, load_average, machine_info, measure, measure_interleaved,  # noqa: E402
+from bench.harness import (Stats, add_common_args, dump_json, load_average, machine_info, measure, measure_interleaved,  # noqa: E402
                            table, wait_quiet)
 from pipeline.engine import Clock, FrameEngine, Pending  # noqa: E402
 from pipeline.jsonl import result_to_record  # noqa: E402
@@ -357,13 +357,8 @@ def bench_publishing(r: Report, annotated: list[np.ndarray], rng: np.random.Gene
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--iters", type=int, default=60)
-    ap.add_argument("--warmup", type=int, default=5)
+    add_common_args(ap, iters=60, warmup=5)
     ap.add_argument("--device", default="auto")
-    ap.add_argument("--threads", type=int, default=torch.get_num_threads())
-    ap.add_argument("--wait-quiet", type=float, default=0.0, metavar="S",
-                    help="first wait up to S seconds for other jobs to leave the CPU idle (shared machines)")
-    ap.add_argument("--json", help="write every number (with raw samples) here")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     device = torch.device(args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))

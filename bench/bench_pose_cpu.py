@@ -23,7 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.bench_stages import CONFIGS, build_pair  # noqa: E402
-from bench.harness import dump_json, load_average, machine_info, measure_interleaved, table, wait_quiet  # noqa: E402
+from bench.harness import add_common_args, dump_json, load_average, machine_info, measure_interleaved, table, wait_quiet  # noqa: E402
 
 MEDIUM = CONFIGS["medium"]
 
@@ -31,12 +31,7 @@ MEDIUM = CONFIGS["medium"]
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--persons", type=int, nargs="+", default=[1, 2, 4])
-    ap.add_argument("--iters", type=int, default=5)
-    ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--threads", type=int, default=torch.get_num_threads())
-    ap.add_argument("--wait-quiet", type=float, default=0.0, metavar="S",
-                    help="before each person count, wait up to S seconds for other jobs to leave the CPU idle (shared machines)")
-    ap.add_argument("--json", help="write the full numbers here")
+    add_common_args(ap, iters=5, warmup=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     from transformers import Sapiens2ImageProcessor

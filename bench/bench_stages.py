@@ -32,7 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.harness import (Stats, dump_json, load_average, machine_info, measure_interleaved, table,  # noqa: E402
+from bench.harness import (Stats, add_common_args, dump_json, load_average, machine_info, measure_interleaved, table,  # noqa: E402
                            wait_quiet)
 from pipeline.engine import FrameEngine  # noqa: E402
 from pipeline.stages_setup import Stages  # noqa: E402
@@ -255,13 +255,8 @@ def main() -> int:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: bf16 on CUDA, fp32 on CPU)")
     ap.add_argument("--frame", type=int, nargs=2, default=[1080, 1920], metavar=("H", "W"))
-    ap.add_argument("--iters", type=int, default=10)
-    ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--threads", type=int, default=torch.get_num_threads())
-    ap.add_argument("--wait-quiet", type=float, default=0.0, metavar="S",
-                    help="before each measured group, wait up to S seconds for other jobs to leave the CPU idle")
+    add_common_args(ap, iters=10, warmup=2)
     ap.add_argument("--no-engine", action="store_true", help="skip the whole-frame FrameEngine row")
-    ap.add_argument("--json", help="write every number (with raw samples) here")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     device = torch.device(args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))

@@ -10,6 +10,8 @@ function itself may sync, e.g. to copy a result to the host). On the CPU it is p
 
 from __future__ import annotations
 
+import argparse
+
 import json
 import platform
 import statistics
@@ -208,6 +210,16 @@ def table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None, 
              "  ".join("-" * w for w in widths)]
     lines += ["  ".join(v.rjust(w) for v, w in zip(row, widths)) for row in cells]
     return "\n".join(lines)
+
+
+def add_common_args(ap: "argparse.ArgumentParser", iters: int, warmup: int) -> None:
+    """--iters, --warmup, --threads, --wait-quiet and --json, shared by every benchmark script."""
+    ap.add_argument("--iters", type=int, default=iters)
+    ap.add_argument("--warmup", type=int, default=warmup)
+    ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    ap.add_argument("--wait-quiet", type=float, default=0.0, metavar="S",
+                    help="wait up to S seconds for other jobs to leave the CPU idle first (shared machines)")
+    ap.add_argument("--json", help="write every number (with raw samples) here")
 
 
 def dump_json(path: str | Path, data: Any) -> None:
