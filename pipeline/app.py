@@ -8,13 +8,14 @@ import threading
 import time
 from dataclasses import replace
 
+import cv2
 import numpy as np
 
-from stages.annotate import compose_annotators
+from stages.annotate import MatteAnnotator, SkeletonAnnotator, compose_annotators
 from stages.smoothing import KeypointSmoother
 from stages.types import FrameResult
 
-from .config import RunConfig
+from .config import ConfigError, RunConfig
 from .engine import FrameEngine
 from .runner import Runner
 from .sinks import Sink
@@ -155,9 +156,34 @@ def assemble(cfg: RunConfig, source: Source, stages: Stages, stop: threading.Eve
     return runner, display
 
 
-def _annotation_layers(cfg: RunConfig) -> list[str]:
+def _annotation_layers(cfg: RunConfig) -> list:
+    """The configured layers whose task runs, styled from the config (matte background, threshold)."""
     layer_task = {"matte": "matting", "seg": "seg", "pose": "pose", "boxes": "pose"}
-    return [layer for layer in cfg.annotate if layer not in layer_task or layer_task[layer] in cfg.tasks]
+    layers: list = []
+    for layer in cfg.annotate:
+        if layer in layer_task and layer_task[layer] not in cfg.tasks:
+            continue
+        if layer == "matte":
+            layers.append(MatteAnnotator(matte_background(cfg.matte_background), cfg.matte_mode))
+        elif layer == "pose":
+            layers.append(SkeletonAnnotator(threshold=cfg.kpt_threshold))
+        else:
+            layers.append(layer)
+    return layers
+
+
+def matte_background(spec: str) -> tuple[int, int, int] | np.ndarray:
+    """"R,G,B" -> a colour; anything else is an image file (read once, RGB)."""
+    parts = spec.split(",")
+    if len(parts) == 3 and all(p.strip().isdigit() for p in parts):
+        r, g, b = (int(p) for p in parts)
+        if max(r, g, b) > 255:
+            raise ConfigError(f"matte_background: colour values must be 0..255, got {spec!r}")
+        return r, g, b
+    image = cv2.imread(spec, cv2.IMREAD_COLOR)
+    if image is None:
+        raise ConfigError(f"matte_background: {spec!r} is neither R,G,B nor a readable image file")
+    return cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
 
 
 def _frame_count(source: Source) -> int | None:

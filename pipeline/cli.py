@@ -87,6 +87,8 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     a("--no-gpu-jpeg", dest="gpu_jpeg", action="store_const", const=False)
     a("--record-codec", choices=["libx264", "h264", "mpeg4", "h264_nvenc", "hevc_nvenc"],
       help="recording encoder; *_nvenc use the GPU's encoder and fall back to libx264, then mpeg4")
+    a("--matte-mode", choices=["composite", "replace"], help="how the matte puts people on the background")
+    a("--matte-background", help="R,G,B colour or an image file behind the person (with matting)")
     a("--show", action="store_const", const=True, help="preview window")
     a("--no-progress", dest="progress", action="store_const", const=False)
     a("--log-level", choices=["debug", "info", "warning", "error"])

@@ -73,7 +73,8 @@ class RunConfig:
     curve_dir: str | None = None  # CURVE keys folder (server.key_secret + authorized clients)
     show: bool = False
     annotate: list[str] = field(default_factory=lambda: ["matte", "seg", "boxes", "pose", "hud"])
-    matte_mode: str = "composite"
+    matte_mode: str = "composite"  # composite (predicted foreground) | replace (frame pixels)
+    matte_background: str = "0,177,64"  # "R,G,B" or an image file to put behind the person
     progress: bool = True
     log_level: str = "info"
 

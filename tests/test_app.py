@@ -1,0 +1,35 @@
+"""Run assembly from the config: annotation layers follow the tasks and the style options."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+from pipeline.app import _annotation_layers, matte_background
+from pipeline.config import ConfigError, load_config
+from stages.annotate import MatteAnnotator, SkeletonAnnotator
+
+
+def test_layers_follow_tasks_and_style() -> None:
+    cfg = load_config(None, {"tasks": ["pose", "matting"], "matte_mode": "replace", "matte_background": "255,0,0",
+                             "kpt_threshold": 0.6})
+    layers = _annotation_layers(cfg)
+    matte = next(a for a in layers if isinstance(a, MatteAnnotator))
+    assert matte.mode == "replace" and tuple(matte.background) == (255, 0, 0)
+    assert next(a for a in layers if isinstance(a, SkeletonAnnotator)).threshold == 0.6
+    assert "seg" not in layers  # seg does not run, so its layer is left out
+    assert "boxes" in layers and "hud" in layers
+
+
+def test_matte_background_image_and_errors(tmp_path: Path) -> None:
+    path = tmp_path / "bg.png"
+    cv2.imwrite(str(path), np.full((4, 6, 3), (10, 20, 30), np.uint8))  # BGR on disk
+    image = matte_background(str(path))
+    assert image.shape == (4, 6, 3) and tuple(image[0, 0]) == (30, 20, 10)  # RGB in memory
+    with pytest.raises(ConfigError, match="matte_background"):
+        matte_background(str(tmp_path / "missing.png"))
+    with pytest.raises(ConfigError, match="0..255"):
+        matte_background("300,0,0")
