@@ -22,7 +22,6 @@ import torch
 
 from stages.detector import Detector, boxes_from_keypoints
 from stages.sapiens2.estimators import NonFiniteOutputError
-from stages.sapiens2.postprocess import matting_maps, normal_maps, pointmaps, seg_classes
 from stages.sapiens2.preprocess import to_device_image
 from stages.smoothing import KeypointSmoother
 from stages.types import Detections, Frame, FrameResult, Keypoints, Matte
@@ -125,7 +124,6 @@ class FrameEngine:
     def submit(self, frame: Frame) -> Pending:
         st = self.stages
         clock = Clock(self.device)
-        hw = (frame.height, frame.width)
         with self._stream("upload"):
             clock.start("upload", self.streams.get("upload"))
             image = to_device_image(frame.image, self.device)
@@ -140,25 +138,11 @@ class FrameEngine:
             with self._stream(stream_name):
                 self._wait(uploaded, stream_name, image)
                 clock.start(task, self.streams.get(stream_name))
-                if task == "normal":
-                    raw, _ = est.infer(est.preprocess(image))
-                    self._finite(pending, task, raw, stream_name)
-                    out = normal_maps(raw, hw, est.input_size)[0].permute(1, 2, 0).contiguous()
-                elif task == "pointmap":
-                    raw, scale = est.infer(est.preprocess(image))
-                    self._finite(pending, task, raw, stream_name)
-                    out = pointmaps(raw, scale, hw, est.input_size)[0].permute(1, 2, 0).contiguous()
-                else:
-                    maps = est.infer(est.preprocess(image))
-                    self._finite(pending, task, maps, stream_name)
-                    if task == "seg":
-                        out = seg_classes(maps, hw)[0].to(torch.uint8)
-                    else:
-                        alpha, fg = matting_maps(maps, hw)
-                        self._download(pending, "matting.fg", fg[0].permute(1, 2, 0).contiguous(), stream_name)
-                        out = alpha[0]
+                outputs, raw = est.run(image)
                 clock.stop(task, self.streams.get(stream_name))
-                self._download(pending, task, out, stream_name)
+                self._finite(pending, task, raw, stream_name)
+                for name, tensor in outputs.items():
+                    self._download(pending, name, tensor, stream_name)
         # Detector: Ultralytics runs its own host loop; it syncs only with its own stream.
         t0 = time.perf_counter()
         with self._stream("detect"):

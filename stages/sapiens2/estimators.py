@@ -146,15 +146,38 @@ class PoseEstimator(_Estimator):
         return Keypoints(xy.cpu().numpy(), scores.cpu().numpy())
 
 
-class _FullFrameEstimator(_Estimator):
+class _FrameEstimator(_Estimator):
+    """Stages that see the whole frame (seg, matting, normals, pointmap).
+
+    ``postprocess`` returns named device tensors at frame size; the pipeline downloads them as they
+    are, ``predict`` returns them on the host.
+    """
+
+    @torch.inference_mode()
+    def infer(self, pixels: Tensor) -> tuple[Tensor, Tensor | None]:
+        return self.forward(pixels)
+
+    def postprocess(self, raw: tuple[Tensor, Tensor | None], frame_hw: tuple[int, int]) -> dict[str, Tensor]:
+        raise NotImplementedError
+
+    @torch.inference_mode()
+    def run(self, image: Tensor) -> tuple[dict[str, Tensor], Tensor]:
+        """(3, H, W) uint8 frame on the device -> (outputs at frame size, raw head maps for the finite check)."""
+        raw = self.infer(self.preprocess(image))
+        return self.postprocess(raw, (image.shape[1], image.shape[2])), raw[0]
+
+    def predict_host(self, image: np.ndarray) -> dict[str, np.ndarray]:
+        """image (H, W, 3) uint8 RGB -> this stage's named outputs as numpy arrays (checked finite)."""
+        outputs, raw = self.run(self.image_tensor(image))
+        check_finite(raw, self.task)
+        return {name: t.cpu().numpy() for name, t in outputs.items()}
+
+
+class _FullFrameEstimator(_FrameEstimator):
     """Segmentation and matting: the whole frame resized to the input (aspect not kept)."""
 
     def preprocess(self, image: Tensor) -> Tensor:
         return resize_full(image, self.input_size)
-
-    @torch.inference_mode()
-    def infer(self, pixels: Tensor) -> Tensor:
-        return self.forward(pixels)[0]
 
 
 class Segmenter(_FullFrameEstimator):
@@ -162,16 +185,12 @@ class Segmenter(_FullFrameEstimator):
 
     task = "seg"
 
-    def postprocess(self, logits: Tensor, frame_hw: tuple[int, int]) -> Tensor:
-        return seg_classes(logits, frame_hw)[0]
+    def postprocess(self, raw: tuple[Tensor, Tensor | None], frame_hw: tuple[int, int]) -> dict[str, Tensor]:
+        return {"seg": seg_classes(raw[0], frame_hw)[0].to(torch.uint8)}  # (H, W) class ids
 
-    @torch.inference_mode()
     def predict(self, image: np.ndarray) -> np.ndarray:
         """image (H, W, 3) uint8 RGB -> (H, W) uint8 class ids."""
-        image_t = self.image_tensor(image)
-        logits = self.infer(self.preprocess(image_t))
-        check_finite(logits, "seg")
-        return self.postprocess(logits, tuple(image_t.shape[1:])).to(torch.uint8).cpu().numpy()
+        return self.predict_host(image)["seg"]
 
 
 class Matter(_FullFrameEstimator):
@@ -179,18 +198,14 @@ class Matter(_FullFrameEstimator):
 
     task = "matting"
 
-    def postprocess(self, maps: Tensor, frame_hw: tuple[int, int]) -> tuple[Tensor, Tensor]:
-        alpha, fg = matting_maps(maps, frame_hw)
-        return alpha[0], fg[0]
+    def postprocess(self, raw: tuple[Tensor, Tensor | None], frame_hw: tuple[int, int]) -> dict[str, Tensor]:
+        alpha, fg = matting_maps(raw[0], frame_hw)
+        return {"matting": alpha[0], "matting.fg": fg[0].permute(1, 2, 0).contiguous()}  # (H, W), (H, W, 3)
 
-    @torch.inference_mode()
     def predict(self, image: np.ndarray) -> Matte:
         """image (H, W, 3) uint8 RGB -> Matte(alpha (H, W) in [0, 1], foreground (H, W, 3))."""
-        image_t = self.image_tensor(image)
-        maps = self.infer(self.preprocess(image_t))
-        check_finite(maps, "matting")
-        alpha, fg = self.postprocess(maps, tuple(image_t.shape[1:]))
-        return Matte(alpha.cpu().numpy(), fg.permute(1, 2, 0).cpu().numpy())
+        out = self.predict_host(image)
+        return Matte(out["matting"], out["matting.fg"])
 
     @staticmethod
     def composite(matte: Matte, background: np.ndarray) -> np.ndarray:
@@ -201,28 +216,22 @@ class Matter(_FullFrameEstimator):
         return composite(fg, alpha, bg)[0].permute(1, 2, 0).numpy()
 
 
-class _DenseEstimator(_Estimator):
+class _DenseEstimator(_FrameEstimator):
     """Normals and pointmaps: aspect kept, padded input, maps cropped back and resized."""
 
     def preprocess(self, image: Tensor) -> Tensor:
         return resize_pad(image, self.input_size)
 
-    @torch.inference_mode()
-    def infer(self, pixels: Tensor) -> tuple[Tensor, Tensor | None]:
-        return self.forward(pixels)
+    def predict(self, image: np.ndarray) -> np.ndarray:
+        """image (H, W, 3) uint8 RGB -> (H, W, 3) float32 (unit normals, or XYZ per pixel)."""
+        return self.predict_host(image)[self.task]
 
 
 class NormalEstimator(_DenseEstimator):
     task = "normal"
 
-    @torch.inference_mode()
-    def predict(self, image: np.ndarray) -> np.ndarray:
-        """image (H, W, 3) uint8 RGB -> unit surface normals (H, W, 3) float32."""
-        image_t = self.image_tensor(image)
-        raw, _ = self.infer(self.preprocess(image_t))
-        check_finite(raw, "normal")
-        frame_hw = tuple(image_t.shape[1:])
-        return normal_maps(raw, frame_hw, self.input_size)[0].permute(1, 2, 0).cpu().numpy()
+    def postprocess(self, raw: tuple[Tensor, Tensor | None], frame_hw: tuple[int, int]) -> dict[str, Tensor]:
+        return {"normal": normal_maps(raw[0], frame_hw, self.input_size)[0].permute(1, 2, 0).contiguous()}
 
 
 class PointmapEstimator(_DenseEstimator):
@@ -234,14 +243,9 @@ class PointmapEstimator(_DenseEstimator):
         if self.model.cfg.head.has_scale and self.input_size != tuple(self.model.cfg.image_size):
             raise ValueError(f"this pointmap model's scale branch needs input size {self.model.cfg.image_size}")
 
-    @torch.inference_mode()
-    def predict(self, image: np.ndarray) -> np.ndarray:
-        """image (H, W, 3) uint8 RGB -> per-pixel XYZ (H, W, 3) float32 (scaled when the model predicts it)."""
-        image_t = self.image_tensor(image)
-        raw, scale = self.infer(self.preprocess(image_t))
-        check_finite(raw, "pointmap")
-        frame_hw = tuple(image_t.shape[1:])
-        return pointmaps(raw, scale, frame_hw, self.input_size)[0].permute(1, 2, 0).cpu().numpy()
+    def postprocess(self, raw: tuple[Tensor, Tensor | None], frame_hw: tuple[int, int]) -> dict[str, Tensor]:
+        maps, scale = raw  # XYZ divided by the predicted focal-length scale when the head has one
+        return {"pointmap": pointmaps(maps, scale, frame_hw, self.input_size)[0].permute(1, 2, 0).contiguous()}
 
 
 ESTIMATORS = {"pose": PoseEstimator, "seg": Segmenter, "matting": Matter, "normal": NormalEstimator,
