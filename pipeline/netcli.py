@@ -15,16 +15,16 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 import av
-import numpy as np
 import zmq.auth
 
 from pipeline import wire
 from pipeline.broker import DEFAULT_XPUB, DEFAULT_XSUB, Broker, BrokerError
+from pipeline.recorder import RecorderError, VideoRecorder
+from pipeline.sinks import StreamInfo
 from pipeline.subscriber import (
     DEFAULT_ENDPOINT,
     CurveClientKeys,
@@ -34,6 +34,7 @@ from pipeline.subscriber import (
     StatusMessage,
     Subscriber,
 )
+from stages.types import Frame, FrameResult
 
 
 def add_net_commands(subparsers: argparse._SubParsersAction) -> None:
@@ -136,40 +137,13 @@ def line(msg: Message) -> str:
     return f"{msg.topic} #{msg.meta.frame_index}{extra} latency={lat:.1f}ms age={age_ms:.1f}ms{label}"
 
 
-class _Recorder:
-    """Writes received RGB frames to a video; pts in ms from capture time, always flushed."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._container: Any = None
-        self._stream: Any = None
-        self._first_ns: int | None = None
-        self._last_pts = -1
-
-    def write(self, image: np.ndarray, capture_ns: int) -> None:
-        if self._container is None:
-            h, w = image.shape[:2]
-            self._container = av.open(str(self.path), mode="w")
-            codec = "libx264" if "libx264" in av.codecs_available else "mpeg4"
-            self._stream = self._container.add_stream(codec, rate=30)
-            self._stream.width, self._stream.height = w - w % 2, h - h % 2
-            self._stream.pix_fmt = "yuv420p"
-            self._stream.time_base = Fraction(1, 1000)
-            self._stream.codec_context.time_base = Fraction(1, 1000)  # pts are ms since the first frame
-            self._first_ns = capture_ns
-        assert self._stream is not None and self._first_ns is not None
-        image = image[: self._stream.height, : self._stream.width]
-        frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(image), format="rgb24")
-        pts = max(self._last_pts + 1, (capture_ns - self._first_ns) // 1_000_000)
-        frame.pts, frame.time_base, self._last_pts = pts, self._stream.time_base, pts
-        self._container.mux(self._stream.encode(frame))
-
-    def close(self) -> None:
-        if self._container is not None:
-            try:
-                self._container.mux(self._stream.encode(None))  # flush the encoder
-            finally:
-                self._container.close()
+def _record(recorder: VideoRecorder, msg: FrameMessage) -> None:
+    """Received frames through the pipeline's recorder, timed by their capture clock."""
+    meta = msg.meta
+    if recorder.frames_written == 0:
+        recorder.open(StreamInfo(meta.source_id, meta.width, meta.height, None, None, live=True))
+    frame = Frame(meta.frame_index, msg.image, None, None, meta.capture_ns, meta.source_id)
+    recorder.write(FrameResult(frame))
 
 
 def cmd_subscribe(args: argparse.Namespace) -> int:
@@ -183,7 +157,7 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    recorder = _Recorder(args.record) if args.record else None
+    recorder = VideoRecorder(args.record) if args.record else None
     print_frames = any(t.startswith("frame") or t == "" for t in args.topic or [])
     stop = threading.Event()
     _on_signals(lambda *_: stop.set())
@@ -199,7 +173,7 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
             seen, last_at = seen + 1, time.monotonic()
             if isinstance(msg, FrameMessage):
                 if recorder is not None:
-                    recorder.write(msg.image, msg.meta.capture_ns)
+                    _record(recorder, msg)
                 if args.show:
                     _show(msg)
                 if not print_frames:
@@ -208,7 +182,7 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
     except wire.SchemaVersionError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except (OSError, av.FFmpegError) as e:
+    except (OSError, RecorderError, av.FFmpegError) as e:
         print(f"error: recording to {args.record} failed: {e}", file=sys.stderr)
         return 1
     finally:
@@ -216,7 +190,7 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
     if recorder is not None:
         try:
             recorder.close()
-        except (OSError, av.FFmpegError) as e:
+        except (OSError, RecorderError, av.FFmpegError) as e:
             print(f"error: finishing {args.record} failed: {e}", file=sys.stderr)
             return 1
     return 0
