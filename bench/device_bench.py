@@ -26,6 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.harness import measure  # noqa: E402
 from stages.sapiens2.config import variant  # noqa: E402
 from stages.sapiens2.model import Sapiens2  # noqa: E402
 from stages.sapiens2.tiny import random_init, tiny_config, write_checkpoint  # noqa: E402
@@ -43,22 +44,7 @@ def say(line: str = "") -> None:
 
 def cuda_ms(fn, iters: int, warmup: int) -> list[float]:
     """Per-call milliseconds (CUDA events on a GPU, wall clock on the CPU), warm-up excluded."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        if torch.cuda.is_available():
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1000)
-    return times
+    return measure(fn, iters, warmup, "cuda" if torch.cuda.is_available() else "cpu").samples_ms
 
 
 def backbone_macs(cfg, h: int, w: int) -> float:
