@@ -17,6 +17,10 @@ from stages.types import FrameResult
 
 from .config import ConfigError, RunConfig
 from .engine import FrameEngine
+from .jsonl import KeypointWriter
+from .preview import PreviewWindow
+from .publisher import CurveServerKeys, ZmqPublisher
+from .recorder import VideoRecorder
 from .runner import Runner
 from .sinks import Sink
 from .sources import Source, open_source
@@ -71,22 +75,14 @@ class Display:
 def build_sinks(cfg: RunConfig, stop: threading.Event) -> list[Sink]:
     sinks: list[Sink] = []
     if cfg.record:
-        from .recorder import VideoRecorder
-
         sinks.append(VideoRecorder(cfg.record, codec=cfg.record_codec))
     if cfg.save_keypoints:
-        from .jsonl import KeypointWriter
-
         sinks.append(KeypointWriter(cfg.save_keypoints))
     if cfg.publish:
-        from .publisher import CurveServerKeys, ZmqPublisher
-
         curve = CurveServerKeys.from_dir(cfg.curve_dir) if cfg.curve_dir else None
         sinks.append(ZmqPublisher(cfg.publish, jpeg_quality=cfg.jpeg_quality, curve=curve,
                                   gpu_jpeg=cfg.gpu_jpeg))
     if cfg.show:
-        from .preview import PreviewWindow
-
         sinks.append(PreviewWindow(stop))
     return sinks
 
@@ -127,8 +123,8 @@ def assemble(cfg: RunConfig, source: Source, stages: Stages, stop: threading.Eve
         log.warning("RANDOM WEIGHTS in use: outputs are meaningless (tests and offline demo only)")
         info = replace(info, random_weights=True)
     sinks = build_sinks(cfg, stop)
-    publisher = next((s for s in sinks if hasattr(s, "set_health")), None)
-    always_image = any(type(s).__name__ in ("VideoRecorder", "PreviewWindow") for s in sinks)
+    publisher = next((s for s in sinks if isinstance(s, ZmqPublisher)), None)
+    always_image = any(isinstance(s, VideoRecorder | PreviewWindow) for s in sinks)
     annotator = compose_annotators(_annotation_layers(cfg)) if always_image or publisher is not None else None
     frame_topic = f"frame.{info.source_id}"
 
