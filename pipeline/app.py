@@ -132,7 +132,7 @@ def assemble(cfg: RunConfig, source: Source, stages: Stages, stop: threading.Eve
         return always_image or (publisher is not None and publisher.subscribed(frame_topic))
 
     smoother = KeypointSmoother(cfg.smooth_min_cutoff, cfg.smooth_beta) if cfg.smooth else None
-    engine = FrameEngine(stages, cfg.kpt_threshold, cfg.detect_every, smoother)
+    engine = FrameEngine(stages, cfg.kpt_threshold, cfg.detect_every, smoother, pinned=cfg.pinned_memory)
     display = Display(source, cfg.progress, cfg.max_frames or _frame_count(source))
 
     def on_result(result: FrameResult) -> None:

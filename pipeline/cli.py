@@ -69,6 +69,10 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
       help="decode heads in channels_last memory format (auto: on for CUDA)")
     a("--compile", choices=["off", "default", "reduce-overhead", "max-autotune"],
       help="torch.compile the models (reduce-overhead: CUDA graphs); compiles at start-up, logged")
+    a("--no-pose-buckets", dest="pose_buckets", action="store_const", const=False,
+      help="run pose on exactly the person count instead of padding to batch buckets 1/2/4/8/16")
+    a("--no-pinned-memory", dest="pinned_memory", action="store_const", const=False,
+      help="copy frames and results through pageable memory (blocking) instead of pinned buffers")
     a("--detector", choices=["yolo", "full-frame"])
     a("--detector-model", help="YOLO weights (.pt) or architecture (.yaml, random weights)")
     a("--det-conf", type=float)

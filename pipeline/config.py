@@ -49,6 +49,8 @@ class RunConfig:
     attention: str = "auto"  # SDPA kernels: auto | flash | efficient | cudnn | math
     channels_last: bool | None = None  # decode heads in NHWC; None: on for CUDA, off for CPU
     compile: str = "off"  # torch.compile: off | default | reduce-overhead (CUDA graphs) | max-autotune
+    pose_buckets: bool = True  # pad the person batch to 1/2/4/8/16 (few shapes to tune/compile)
+    pinned_memory: bool = True  # page-locked host buffers: frame uploads and result downloads overlap
     # detector
     detector: str = "yolo"  # yolo | full-frame
     detector_model: str = "yolo11n.pt"

@@ -86,8 +86,9 @@ class FrameEngine:
     """Runs the configured stages on one frame at a time, overlapping them on CUDA streams."""
 
     def __init__(self, stages: Stages, kpt_threshold: float = 0.3, detect_every: int = 1,
-                 smoother: KeypointSmoother | None = None, overlap: bool = True) -> None:
+                 smoother: KeypointSmoother | None = None, overlap: bool = True, pinned: bool = True) -> None:
         self.stages = stages
+        self.pinned = pinned  # page-locked staging for uploads and downloads (off: pageable, host waits)
         self.device = stages.device
         self.cuda = self.device.type == "cuda"
         self.kpt_threshold = kpt_threshold
@@ -106,8 +107,11 @@ class FrameEngine:
         return torch.cuda.stream(self.streams[name]) if self.cuda else contextlib.nullcontext()
 
     def _download(self, pending: Pending, name: str, tensor: torch.Tensor, stream_name: str) -> None:
-        """Copy to a pinned host buffer on the stage's stream and remember the completion event."""
-        if self.cuda:
+        """Copy to a pinned host buffer on the stage's stream and remember the completion event
+        (pinned off: a plain blocking copy to pageable memory)."""
+        if self.cuda and not self.pinned:
+            pending.outputs[name] = tensor.cpu()
+        elif self.cuda:
             host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
             host.copy_(tensor, non_blocking=True)
             event = torch.cuda.Event()
@@ -126,7 +130,7 @@ class FrameEngine:
         clock = Clock(self.device)
         with self._stream("upload"):
             clock.start("upload", self.streams.get("upload"))
-            image = to_device_image(frame.image, self.device)
+            image = to_device_image(frame.image, self.device, self.pinned)
             clock.stop("upload", self.streams.get("upload"))
         uploaded = self._event("upload")
         pending = Pending(frame, Detections.empty(), clock)

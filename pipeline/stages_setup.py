@@ -81,7 +81,7 @@ def build_stages(cfg: RunConfig) -> Stages:
     fastpath = fastpath_from(cfg)
     for task in cfg.tasks:
         model = _load(task, cfg, device, notes)
-        kwargs = {"flip_test": cfg.flip_test} if task == "pose" else {}
+        kwargs = {"flip_test": cfg.flip_test, "buckets": cfg.pose_buckets} if task == "pose" else {}
         estimators[task] = ESTIMATORS[task](model, input_size=_input_size(task, cfg, model), fastpath=fastpath,
                                             **kwargs)
     warmup_s = warm_up(estimators, cfg, device)

@@ -81,6 +81,23 @@ def test_math_attention_matches_auto(tiny_dirs, task):
     torch.testing.assert_close(_outputs(math, pixels)[0], _outputs(base, pixels)[0], rtol=1e-4, atol=1e-4)
 
 
+def test_pose_without_buckets_runs_the_exact_count_and_matches(tiny_dirs):
+    model = load_model(tiny_dirs["pose"], device="cpu")
+    padded = ESTIMATORS["pose"](model)
+    exact = ESTIMATORS["pose"](model, buckets=False)
+    image = np.random.default_rng(1).integers(0, 256, (90, 70, 3), dtype=np.uint8)
+    boxes = np.array([[5, 8, 60, 85], [0, 0, 69, 89], [20, 30, 40, 70]], np.float32)
+    with torch.inference_mode():
+        image_t, boxes_t = padded.image_tensor(image), torch.as_tensor(boxes)
+        crops_padded, crops_exact = padded.preprocess(image_t, boxes_t), exact.preprocess(image_t, boxes_t)
+        assert crops_padded.shape[0] == 4 and crops_exact.shape[0] == 3
+        # Only the batch differs; keypoints on random weights can flip between near-tied heatmap
+        # peaks from batch-size rounding alone, so the heatmaps are compared.
+        torch.testing.assert_close(exact.infer(crops_exact, 3), padded.infer(crops_padded, 3), rtol=1e-4, atol=1e-5)
+    assert exact.predict(image, boxes).xy.shape == (3, 308, 2)
+    assert warmup_batches(exact, 5) == [1, 2, 3, 4, 5] and warmup_batches(padded, 5) == [1, 2, 4, 8]
+
+
 def test_cuda_only_choices_fall_back_on_cpu_with_one_warning(tiny_dirs, caplog):
     caplog.set_level(logging.INFO, "stages.sapiens2")
     first = _estimator(tiny_dirs["pose"], "pose", FastPath(attention="flash"))
@@ -142,17 +159,23 @@ def test_compile_matches_eager(tmp_path):
 # -- run config and CLI ------------------------------------------------------------------------------
 def test_cli_flags_reach_the_config_and_estimators(tmp_path):
     args = build_parser().parse_args(["run", "--attention", "math", "--channels-last", "on", "--compile", "off",
-                                      "--gpu-jpeg", "--record-codec", "h264_nvenc", "--tasks", "seg",
-                                      "--checkpoint", f"seg={make_tiny(tmp_path / 'seg', 'seg', image_size=SIZE)}"])
+                                      "--gpu-jpeg", "--record-codec", "h264_nvenc", "--tasks", "seg,pose",
+                                      "--no-pose-buckets", "--no-pinned-memory", "--detector", "full-frame",
+                                      "--checkpoint", f"seg={make_tiny(tmp_path / 'seg', 'seg', image_size=SIZE)}",
+                                      "--checkpoint", f"pose={make_tiny(tmp_path / 'pose', 'pose', image_size=SIZE)}"])
     cfg = load_config(None, overrides_from(args))
     assert (cfg.attention, cfg.channels_last, cfg.compile, cfg.gpu_jpeg, cfg.record_codec) == (
         "math", True, "off", True, "h264_nvenc")
+    assert (cfg.pose_buckets, cfg.pinned_memory) == (False, False)
     assert fastpath_from(cfg) == FastPath("math", True, "off")
     cfg.device = "cpu"
-    est = build_stages(cfg).estimators["seg"]
+    stages = build_stages(cfg)
+    est = stages.estimators["seg"]
     assert est.fastpath == FastPath("math", True, "off") and est.model.channels_last
+    assert stages.estimators["pose"].buckets is False
     auto = load_config(None, overrides_from(build_parser().parse_args(["run", "--channels-last", "auto"])))
     assert auto.channels_last is None and not auto.gpu_jpeg and auto.compile == "off"
+    assert auto.pose_buckets and auto.pinned_memory
 
 
 def test_yaml_accepts_auto_for_channels_last(tmp_path):

@@ -99,9 +99,13 @@ class PoseEstimator(_Estimator):
 
     def __init__(self, model: Sapiens2 | str | os.PathLike, input_size: tuple[int, int] | None = None,
                  flip_test: bool = False, flip_pairs: np.ndarray | None = None, blur_kernel: int = 11,
-                 padding: float = 1.25, max_refine_offset: float | None = 1.0, **kwargs) -> None:
+                 padding: float = 1.25, max_refine_offset: float | None = 1.0, buckets: bool = True,
+                 **kwargs) -> None:
         super().__init__(model, input_size, **kwargs)
         self.flip_test, self.blur_kernel, self.padding = flip_test, blur_kernel, padding
+        # Pad the person batch to a bucket (1/2/4/8/16): few shapes for cuDNN autotuning, compiled
+        # graphs and CUDA graphs, at the cost of the padding rows. Off: the batch is the person count.
+        self.buckets = buckets
         self.max_refine_offset = max_refine_offset  # None: keep every DARK step, as the reference
         if flip_pairs is None:
             from ..metadata import load_metadata
@@ -113,7 +117,7 @@ class PoseEstimator(_Estimator):
         """(3, H, W) uint8 + (N, 4) xyxy -> (bucket(N), 3, h, w) crops; padding rows are zeros."""
         crops = crop_persons(image, boxes, self.input_size, self.padding)
         n = crops.shape[0]
-        pad = bucket(n) - n if n else 0
+        pad = bucket(n) - n if n and self.buckets else 0
         if pad:
             crops = torch.cat((crops, crops.new_zeros(pad, *crops.shape[1:])))
         return crops

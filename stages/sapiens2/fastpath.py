@@ -148,12 +148,14 @@ def compile_model(model: Sapiens2, mode: str,
 
 
 def warmup_batches(estimator: _Estimator, max_batch: int) -> list[int]:
-    """Padded batch sizes the estimator will see: every pose bucket up to max_batch, else just 1."""
+    """Batch sizes the estimator will see: every pose bucket up to max_batch (every person count
+    when buckets are off), else just 1."""
     from .estimators import bucket
 
     if estimator.task != "pose":
         return [1]
-    return sorted({bucket(n) for n in range(1, max(1, max_batch) + 1)})
+    counts = range(1, max(1, max_batch) + 1)
+    return sorted({bucket(n) for n in counts}) if estimator.buckets else list(counts)
 
 
 @torch.inference_mode()

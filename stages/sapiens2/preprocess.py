@@ -95,11 +95,15 @@ def resize_pad(image: Tensor, input_size: tuple[int, int]) -> Tensor:
     return normalize(padded.unsqueeze(0))
 
 
-def to_device_image(image, device: torch.device) -> Tensor:
-    """(H, W, 3) uint8 numpy/tensor -> (3, H, W) uint8 tensor on device (pinned, non-blocking on CUDA)."""
+def to_device_image(image, device: torch.device, pinned: bool = True) -> Tensor:
+    """(H, W, 3) uint8 numpy/tensor -> (3, H, W) uint8 tensor on device.
+
+    On CUDA the frame is staged in page-locked memory and copied without blocking the host;
+    ``pinned=False`` copies straight from pageable memory (the host waits for the copy).
+    """
     t = torch.as_tensor(image)
     if t.dtype != torch.uint8 or t.ndim != 3 or t.shape[-1] != 3:
         raise ValueError(f"expected an (H, W, 3) uint8 RGB image, got {tuple(t.shape)} {t.dtype}")
-    if device.type == "cuda" and t.device.type == "cpu":
+    if pinned and device.type == "cuda" and t.device.type == "cpu":
         t = t.pin_memory().to(device, non_blocking=True)
     return t.to(device).permute(2, 0, 1)
