@@ -22,7 +22,7 @@ import torch
 
 from stages.detector import Detector, boxes_from_keypoints
 from stages.sapiens2.estimators import NonFiniteOutputError
-from stages.sapiens2.preprocess import to_device_image
+from stages.sapiens2.preprocess import to_device_image, upload
 from stages.smoothing import KeypointSmoother
 from stages.types import Detections, Frame, FrameResult, Keypoints, Matte
 
@@ -158,7 +158,7 @@ class FrameEngine:
             with self._stream("pose"):
                 self._wait(uploaded, "pose", image)
                 clock.start("pose", self.streams.get("pose"))
-                boxes = torch.as_tensor(detections.boxes, device=self.device)
+                boxes = upload(detections.boxes, self.device, self.pinned)
                 heatmaps = pose.infer(pose.preprocess(image, boxes), len(detections))
                 xy, scores = pose.postprocess(heatmaps, boxes)
                 clock.stop("pose", self.streams.get("pose"))

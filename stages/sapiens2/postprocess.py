@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torchvision.transforms.v2 import functional as tvF
 
-from .preprocess import crop_params, pad_box
+from .preprocess import crop_params, device_constant, pad_box
 
 
 def blur_preserve_max(heatmaps: Tensor, kernel: int = 11) -> Tensor:
@@ -54,7 +54,7 @@ def dark_udp_refine(xy: Tensor, heatmaps: Tensor, kernel: int = 11, max_offset: 
     padded = F.pad(logh, (1, 1, 1, 1), mode="replicate").reshape(b, k, -1)  # (B, K, (h+2)(w+2))
     pw = w + 2
     centre = (xy_in[..., 0].long() + 1) + (xy_in[..., 1].long() + 1) * pw  # (B, K)
-    offsets = torch.tensor([0, 1, -1, pw, -pw, pw + 1, -pw - 1], device=xy.device)
+    offsets = device_constant((0, 1, -1, pw, -pw, pw + 1, -pw - 1), torch.long, xy.device)
     v = padded.gather(2, centre[..., None] + offsets)  # (B, K, 7)
     c, xp, xm, yp, ym, pp, mm = v.unbind(-1)
     dx = 0.5 * (xp - xm)
@@ -92,7 +92,7 @@ def decode_pose(heatmaps: Tensor, boxes_xyxy: Tensor, input_size: tuple[int, int
     xy, scores = argmax_keypoints(heatmaps)
     xy = dark_udp_refine(xy, heatmaps, kernel, max_offset)
     center, size = crop_params(boxes_xyxy.to(heatmaps.device), input_size, padding)
-    hm_size = torch.tensor([w - 1, h - 1], dtype=torch.float32, device=heatmaps.device)
+    hm_size = device_constant((w - 1.0, h - 1.0), torch.float32, heatmaps.device)
     xy = xy / hm_size * size[:, None] + center[:, None] - 0.5 * size[:, None]
     return xy, scores
 

@@ -6,6 +6,8 @@ They reproduce the reference processor's arithmetic (transformers 5.23 ``Sapiens
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -13,6 +15,25 @@ from torchvision.transforms.v2 import functional as tvF
 
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
+
+
+@functools.lru_cache(maxsize=64)
+def device_constant(values: tuple, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """A small constant tensor on ``device``, made once and shared (never modify it in place).
+
+    ``torch.tensor(..., device="cuda")`` inside the per-frame path is a blocking copy from pageable
+    memory: the host waits for the stream, and the next frame's work cannot be queued meanwhile.
+    """
+    return torch.tensor(values, dtype=dtype, device=device)
+
+
+def upload(data, device: torch.device, pinned: bool = True) -> Tensor:
+    """Host array -> tensor on ``device``. On CUDA it is staged in page-locked memory and copied
+    without blocking the host; ``pinned=False`` copies from pageable memory (the host waits)."""
+    t = torch.as_tensor(data)
+    if device.type == "cuda" and t.device.type == "cpu":
+        return t.pin_memory().to(device, non_blocking=True) if pinned else t.to(device)
+    return t.to(device)
 
 
 def crop_params(boxes_xyxy: Tensor, input_size: tuple[int, int], padding: float = 1.25) -> tuple[Tensor, Tensor]:
@@ -31,8 +52,8 @@ def crop_params(boxes_xyxy: Tensor, input_size: tuple[int, int], padding: float 
 
 def normalize(pixels: Tensor) -> Tensor:
     """0..255 float (B, 3, H, W) -> ImageNet-normalised float32."""
-    mean = torch.tensor(MEAN, device=pixels.device).view(1, 3, 1, 1) * 255.0
-    std = torch.tensor(STD, device=pixels.device).view(1, 3, 1, 1) * 255.0
+    mean = device_constant(MEAN, torch.float32, pixels.device).view(1, 3, 1, 1) * 255.0
+    std = device_constant(STD, torch.float32, pixels.device).view(1, 3, 1, 1) * 255.0
     return (pixels.float() - mean) / std
 
 
@@ -104,6 +125,4 @@ def to_device_image(image, device: torch.device, pinned: bool = True) -> Tensor:
     t = torch.as_tensor(image)
     if t.dtype != torch.uint8 or t.ndim != 3 or t.shape[-1] != 3:
         raise ValueError(f"expected an (H, W, 3) uint8 RGB image, got {tuple(t.shape)} {t.dtype}")
-    if pinned and device.type == "cuda" and t.device.type == "cpu":
-        t = t.pin_memory().to(device, non_blocking=True)
-    return t.to(device).permute(2, 0, 1)
+    return upload(t, device, pinned).permute(2, 0, 1)

@@ -1,0 +1,74 @@
+"""The per-frame device path must not build tensors from host data once it is warm.
+
+On CUDA, ``torch.tensor(..., device="cuda")`` or ``torch.as_tensor(numpy, device="cuda")`` is a
+blocking copy from pageable memory: the host waits for the stream, so the engine cannot queue the
+next frame while this one computes and the stages stop overlapping. Constants are made once
+(``device_constant``) and host arrays go through ``upload`` (pinned, non-blocking). This machine
+has no GPU, so the test watches for the pattern itself on the CPU; bench/device_bench.py counts the
+real synchronisations on a GPU.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline.engine import FrameEngine
+from pipeline.stages_setup import Stages
+from stages.sapiens2 import load_model
+from stages.sapiens2.estimators import ESTIMATORS
+from stages.sapiens2.tiny import make_tiny
+from stages.types import Detections, Frame
+
+
+class TwoPeople:
+    random_weights = False
+
+    def detect(self, image: np.ndarray) -> Detections:
+        boxes = np.array([[10, 10, 60, 90], [50, 20, 110, 95]], np.float32)
+        return Detections(boxes, np.ones(2, np.float32), np.arange(2))
+
+    def carry(self, boxes) -> None:
+        pass
+
+    def reset(self) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    estimators = {}
+    for task in ("pose", "seg", "matting", "normal"):
+        folder = make_tiny(tmp_path_factory.mktemp(task), task, image_size=(64, 48))
+        estimators[task] = ESTIMATORS[task](load_model(folder, device="cpu"))
+    return FrameEngine(Stages(torch.device("cpu"), TwoPeople(), estimators))
+
+
+def _frame(i: int) -> Frame:
+    image = np.random.default_rng(i).integers(0, 256, (100, 120, 3), dtype=np.uint8)
+    return Frame(i, image, None, None, time.time_ns())
+
+
+def test_warm_engine_makes_no_tensors_from_host_data(engine, monkeypatch):
+    engine.finish(engine.submit(_frame(0)), False)  # first frame: constants are made here, once
+    calls: list[str] = []
+    real_tensor, real_as_tensor, real_new_tensor = torch.tensor, torch.as_tensor, torch.Tensor.new_tensor
+
+    def watch(name, real):
+        def wrapper(*args, **kwargs):
+            if name != "as_tensor" or "device" in kwargs:  # as_tensor without a device is a host view
+                calls.append(name)
+            return real(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(torch, "tensor", watch("tensor", real_tensor))
+    monkeypatch.setattr(torch, "as_tensor", watch("as_tensor", real_as_tensor))
+    monkeypatch.setattr(torch.Tensor, "new_tensor", watch("new_tensor", real_new_tensor))
+    pending = engine.submit(_frame(1))
+    assert calls == [], f"per-frame path built tensors from host data: {calls}"
+    result = engine.finish(pending, False)
+    assert result.keypoints.xy.shape == (2, 308, 2) and result.seg.shape == (100, 120)
+    assert result.matte is not None and result.normals.shape == (100, 120, 3)
