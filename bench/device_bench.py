@@ -441,6 +441,68 @@ def phase_pipeline(ctx: Ctx) -> None:
                       "camera frames dropped", "peak GPU GiB"], rows)
 
 
+REPO = Path(__file__).resolve().parents[1]
+OUR_CODE = (str(REPO / "stages"), str(REPO / "pipeline"))
+
+
+def sync_sites(fn: Callable[[], object], ours: tuple[str, ...] = OUR_CODE) -> dict[str, int]:
+    """Run fn; for every synchronisation warning it raises (torch.cuda.set_sync_debug_mode("warn")
+    emits one per synchronising call), the innermost line of our code on the stack, counted."""
+    import warnings
+
+    sites: dict[str, int] = {}
+
+    def record(message, category, filename, lineno, file=None, line=None) -> None:
+        if "synchroniz" not in str(message):
+            return
+        frames = [f for f in traceback.extract_stack()[:-1] if f.filename.startswith(ours)]
+        where = f"{Path(frames[-1].filename).relative_to(REPO)}:{frames[-1].lineno}" if frames else \
+            f"{Path(filename).name}:{lineno} (outside our code)"
+        sites[where] = sites.get(where, 0) + 1
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = record
+        fn()
+    return sites
+
+
+def phase_syncs(ctx: Ctx) -> None:
+    """Host synchronisations while the engine queues a frame (pose + seg): each one stalls the host
+    until a stream drains, so the next frame cannot be queued and the stages stop overlapping."""
+    from pipeline.engine import FrameEngine
+    from pipeline.stages_setup import Stages
+    from stages.sapiens2.estimators import PoseEstimator, Segmenter
+    from stages.types import Frame
+
+    ctx.say("\n## Host synchronisations in FrameEngine.submit (pose 2 persons + seg)\n")
+    if not ctx.cuda:
+        ctx.say("needs CUDA (torch.cuda.set_sync_debug_mode); skipped in the smoke run")
+        return
+    h, w = ctx.frame
+    pose = PoseEstimator(ctx.ckpts["pose"], device=ctx.device, dtype=ctx.dtype, input_size=ctx.size)
+    seg = Segmenter(ctx.ckpts["seg"], device=ctx.device, dtype=ctx.dtype, input_size=ctx.size)
+    engine = FrameEngine(Stages(ctx.device, FixedBoxes(2, w, h), {"pose": pose, "seg": seg}))
+    image = np.random.default_rng(0).integers(0, 255, (h, w, 3), dtype=np.uint8)
+    engine.finish(engine.submit(Frame(0, image, None, None, time.time_ns())), True)  # warm: constants made
+    pendings: list = []
+
+    def submit_three() -> None:
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            pendings.extend(engine.submit(Frame(i, image, None, None, time.time_ns())) for i in (1, 2, 3))
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+    sites = sync_sites(submit_three)
+    for pending in pendings:
+        engine.finish(pending, True)
+    ctx.report.results["syncs"] = sites
+    ctx.say(f"{sum(sites.values())} synchronising calls in 3 submits" + (":" if sites else " (none)"))
+    for site, count in sorted(sites.items(), key=lambda kv: -kv[1]):
+        ctx.say(f"- {site}: {count}")
+
+
 def _ablation_row(ctx: Ctx, rows: list[list[Any]], label: str, est, crops: torch.Tensor, n: int,
                   base: torch.Tensor | None, base_ms: float | None) -> tuple[torch.Tensor, float]:
     """Time est.infer on crops; its largest difference from base, relative to base's largest value."""
@@ -604,6 +666,7 @@ def phase_compile(ctx: Ctx) -> None:
 PHASES: list[tuple[str, Callable[[Ctx], None], float]] = [  # name, function, seconds it needs (H200 estimate)
     ("correctness", phase_correctness, 20),
     ("forward", phase_forward, 20),
+    ("syncs", phase_syncs, 10),
     ("reference", phase_reference, 60),
     ("pipeline", phase_pipeline, 40),
     ("fastpath", phase_fastpath, 30),

@@ -77,3 +77,19 @@ def test_a_phase_that_would_overrun_the_budget_is_skipped_and_says_so(tmp_path: 
     device_bench.run_phase(ctx, "compile", lambda c: pytest.fail("should not run"), 120)
     assert "phase `compile` skipped" in (tmp_path / "device_bench.md").read_text()
     assert json.loads((tmp_path / "device_bench.json").read_text())["skipped"] == ["compile"]
+
+
+def test_sync_sites_name_the_line_of_our_code_that_synchronised() -> None:
+    import warnings
+
+    def our_stage() -> None:  # stands in for a line of stages/ or pipeline/ calling a syncing op
+        warnings.warn("called a synchronizing CUDA operation", UserWarning)
+
+    def caller() -> None:
+        our_stage()
+        our_stage()
+        warnings.warn("something else", UserWarning)
+
+    sites = device_bench.sync_sites(caller, ours=(__file__,))
+    line = our_stage.__code__.co_firstlineno + 1
+    assert sites == {f"tests/test_bench_smoke.py:{line}": 2}
