@@ -1,6 +1,7 @@
 """Per-stage latency and throughput of our Sapiens2 stages vs the reference path, same run, same weights.
 
-For pose (1/2/4 persons), segmentation and matting, on one random frame:
+For pose (1/2/4 persons), segmentation, matting, normals and pointmaps (``--tasks``; the default is
+pose, seg and matting), on one random frame:
 
 * ours.device   preprocess + infer + postprocess on device tensors (the pipeline's path)
 * ours.infer    the model forward alone, on prepared input
@@ -15,12 +16,14 @@ and loaded by our loader, so both paths run the same weights at the same precisi
 CPU, bfloat16 by default on CUDA). Warm-up is excluded; device-only rows use CUDA events on a GPU.
 
     .venv/bin/python bench/bench_stages.py --config medium --iters 10 [--tasks pose seg matting]
-        [--persons 1 2 4] [--dtype bfloat16] [--frame 1080 1920] [--json out.json]
+        [--tasks pose seg matting normal pointmap] [--persons 1 2 4] [--dtype bfloat16]
+        [--frame 1080 1920] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import tempfile
 import time
@@ -40,16 +43,23 @@ from stages.sapiens2.estimators import ESTIMATORS  # noqa: E402
 from stages.types import Detections, Frame  # noqa: E402
 
 REF_CLASS = {"pose": "Sapiens2ForPoseEstimation", "seg": "Sapiens2ForSemanticSegmentation",
-             "matting": "Sapiens2ForImageMatting"}
-NUM_LABELS = {"pose": 308, "seg": 29, "matting": 4}
+             "matting": "Sapiens2ForImageMatting", "normal": "Sapiens2ForNormalEstimation",
+             "pointmap": "Sapiens2ForPointmapEstimation"}
+NUM_LABELS = {"pose": 308, "seg": 29, "matting": 4, "normal": 3, "pointmap": 3}
+PADDED = ("normal", "pointmap")  # aspect kept, padded input (the reference processor's do_pad=True)
 
 
-def _heads(pose: tuple[list[int], list[int]], dense_up: list[int], dense_conv: list[int]) -> dict[str, dict]:
+def _heads(pose: tuple[list[int], list[int]], dense_up: list[int], dense_conv: list[int],
+           scale: tuple[list[int], list[int]]) -> dict[str, dict]:
+    shuffle = dict(upsample_out_channels=dense_up, conv_out_channels=dense_conv, use_pixel_shuffle=True,
+                   upsample_kernel_size=3, conv_kernel_size=3)
     return {
         "pose": dict(upsample_out_channels=pose[0], conv_out_channels=pose[1]),
         "seg": dict(upsample_out_channels=dense_up, conv_out_channels=dense_conv),
-        "matting": dict(upsample_out_channels=dense_up, conv_out_channels=dense_conv, use_pixel_shuffle=True,
-                        upsample_kernel_size=3, conv_kernel_size=3),
+        "matting": shuffle,
+        "normal": shuffle,
+        "pointmap": dict(shuffle, scale_conv_out_channels=scale[0], scale_conv_kernel_size=3,
+                         scale_final_hidden_sizes=scale[1]),
     }
 
 
@@ -58,16 +68,18 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "tiny": dict(arch=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
                            num_key_value_attention_heads=2, num_first_full_attention_layers=1,
                            num_last_full_attention_layers=1, num_register_tokens=2, image_size=[256, 192]),
-                 heads=_heads(([32, 32], [32, 32]), [32, 32, 16, 16], [16, 16])),
+                 heads=_heads(([32, 32], [32, 32]), [32, 32, 16, 16], [16, 16], ([16, 16], [16, 8]))),
     "medium": dict(arch=dict(hidden_size=384, intermediate_size=1024, num_hidden_layers=8, num_attention_heads=6,
                              num_key_value_attention_heads=3, num_first_full_attention_layers=2,
                              num_last_full_attention_layers=2, num_register_tokens=8, image_size=[512, 384]),
-                   heads=_heads(([256, 256], [256, 256]), [256, 128, 64, 32], [32, 32])),
-    # The published 0.4B backbone and heads (matting is published only at 1B; this is its head on 0.4B).
+                   heads=_heads(([256, 256], [256, 256]), [256, 128, 64, 32], [32, 32], ([64, 32, 16], [64, 32]))),
+    # The published 0.4B backbone and heads (matting is published only at 1B; this is its head on 0.4B;
+    # the normal/pointmap heads are our loader's assumed layout, stages.sapiens2.config.default_head).
     "0.4b": dict(arch=dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16,
                            num_key_value_attention_heads=8, num_first_full_attention_layers=8,
                            num_last_full_attention_layers=8, num_register_tokens=8, image_size=[1024, 768]),
-                 heads=_heads(([768, 768], [768, 768]), [512, 256, 128, 64], [64, 64])),
+                 heads=_heads(([768, 768], [768, 768]), [512, 256, 128, 64], [64, 64],
+                              ([256, 128, 64], [128, 64]))),
 }
 
 
@@ -179,20 +191,43 @@ def bench_pose(b: Bench, ref, ours, proc, image: np.ndarray, rng: np.random.Gene
         b.row(f"pose x{n}", "image -> host result", f"{tag}.ours.predict", f"{tag}.ref.full")
 
 
+@functools.lru_cache(maxsize=8)
+def _padded_processor(height: int, width: int):
+    from transformers import Sapiens2ImageProcessor
+
+    return Sapiens2ImageProcessor(size={"height": height, "width": width}, do_pad=True)
+
+
+def dense_processor(task: str, proc):
+    """The reference processor for a full-frame task: normals and pointmaps keep the aspect and pad."""
+    return _padded_processor(proc.size.height, proc.size.width) if task in PADDED else proc
+
+
+def dense_reference(task: str, ref, proc, image: np.ndarray, device: torch.device, dtype: torch.dtype) -> Any:
+    """The reference path of a full-frame task: processor + model + post-processing, results on the host."""
+    hw = tuple(image.shape[:2])
+    proc = dense_processor(task, proc)
+    out = ref(proc(image, return_tensors="pt", device=device)["pixel_values"].to(dtype))
+    if task == "seg":
+        return to_host(proc.post_process_semantic_segmentation(out, target_sizes=[hw]))
+    if task == "matting":
+        return to_host(proc.post_process_image_matting(out, target_sizes=[hw]))
+    if task == "normal":
+        return to_host(proc.post_process_normal_estimation(out, source_sizes=[hw]))
+    return to_host(proc.post_process_pointmap_estimation(out, source_sizes=[hw]))
+
+
 def bench_dense(b: Bench, task: str, ref, ours, proc, image: np.ndarray) -> None:
     image_t = ours.image_tensor(image)
     hw = tuple(image.shape[:2])
     pixels_ours = ours.preprocess(image_t)
-    pixels = proc(image, return_tensors="pt", device=b.device)["pixel_values"].to(b.dtype)
-    post = {"seg": lambda out: proc.post_process_semantic_segmentation(out, target_sizes=[hw]),
-            "matting": lambda out: proc.post_process_image_matting(out, target_sizes=[hw])}[task]
+    pixels = dense_processor(task, proc)(image, return_tensors="pt", device=b.device)["pixel_values"].to(b.dtype)
 
     def device_path() -> None:
         ours.postprocess(ours.infer(ours.preprocess(image_t)), hw)
 
     def reference() -> None:
-        px = proc(image, return_tensors="pt", device=b.device)["pixel_values"].to(b.dtype)
-        to_host(post(ref(px)))
+        dense_reference(task, ref, proc, image, b.device, b.dtype)
 
     b.run({f"{task}.ours.infer": lambda: ours.infer(pixels_ours), f"{task}.ref.model": lambda: ref(pixels)})
     b.run({f"{task}.ours.device": device_path})
@@ -225,18 +260,13 @@ def bench_engine(b: Bench, pairs: dict, proc, image: np.ndarray, rng: np.random.
             engine.finish(in_flight.pop(), True)
         in_flight.append(pending)
 
-    hw = tuple(image.shape[:2])
-
     def reference() -> None:
         for task, (ref, _) in pairs.items():
             if task == "pose":
                 px = proc(image, boxes=xywh, return_tensors="pt", device=b.device)["pixel_values"].to(b.dtype)
                 to_host(proc.post_process_pose_estimation(ref(px), boxes=xywh))
             else:
-                px = proc(image, return_tensors="pt", device=b.device)["pixel_values"].to(b.dtype)
-                out = ref(px)
-                to_host(proc.post_process_semantic_segmentation(out, target_sizes=[hw]) if task == "seg"
-                        else proc.post_process_image_matting(out, target_sizes=[hw]))
+                dense_reference(task, ref, proc, image, b.device, b.dtype)
 
     label = "+".join(pairs)
     b.run({"engine.ours.latency": one, "engine.ref.sequential": reference}, wall=True)
