@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one device call (see bench/device_bench.py). Before it, here: bash bench/fetch_device_wheels.sh
 # (transformers 5.23, PyAV, pyzmq, Ultralytics, lap for Python 3.12 into .whl/). Then the call:
-#   run(command="bash bench/device_run.sh", carry=[".whl"], timeout_s=570)
+#   run(command="bash bench/device_run.sh", carry=[".whl"], timeout_s=580)
 # Results land in $OUT: device_bench.md (the report), device_bench.json (every number),
 # device_bench.log (stdout + stderr, tracebacks of failed phases), gpu.txt, versions.txt.
 set -uo pipefail
@@ -25,5 +25,5 @@ for name in ("torch", "torchvision", "transformers", "av", "zmq", "ultralytics",
     except Exception as exc:  # report, do not stop: the phases that need it will say so
         print(name, "MISSING", type(exc).__name__, exc)
 PY
-timeout 540 python3 bench/device_bench.py --out "$OUT" "$@" 2>&1 | tee "$OUT/device_bench.log"
+timeout 510 python3 bench/device_bench.py --out "$OUT" "$@" 2>&1 | tee "$OUT/device_bench.log"
 exit "${PIPESTATUS[0]}"

@@ -14,6 +14,7 @@ its own frame's boxes.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from dataclasses import dataclass, field
 
@@ -27,6 +28,8 @@ from stages.smoothing import KeypointSmoother
 from stages.types import Detections, Frame, FrameResult, Keypoints, Matte
 
 from .stages_setup import Stages
+
+log = logging.getLogger(__name__)
 
 
 class Clock:
@@ -95,6 +98,13 @@ class FrameEngine:
         self.detect_every = detect_every
         self.smoother = smoother
         names = ("upload", "detect", "seg", "matting", "dense", "pose")
+        graphs = [t for t, est in stages.estimators.items()
+                  if getattr(getattr(est, "fastpath", None), "cuda_graphs", False)]
+        if self.cuda and overlap and graphs:
+            # CUDA-graph replays of all compiled models share one memory pool; replays on different
+            # streams could overwrite each other's outputs before they are copied out.
+            log.info("CUDA graphs (%s): the stages run in order on one stream, not overlapped", ", ".join(graphs))
+            overlap = False
         if self.cuda and overlap:
             self.streams = {n: torch.cuda.Stream(self.device) for n in names}
         elif self.cuda:  # serialised baseline for benchmarks: every stage on one stream, in order

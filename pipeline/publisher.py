@@ -417,7 +417,11 @@ class JpegEncoder:
             self._staging.copy_(host)
             with torch.cuda.stream(self._stream):  # off the model streams
                 chw = self._staging.to(self.device, non_blocking=True).permute(2, 0, 1).contiguous()  # (3, H, W)
-                data = encode_jpeg(chw, quality=self.quality).cpu()  # waits for this stream only
+                # torchvision's nvJPEG encoder works on a stream of its own: the input must be ready.
+                self._stream.synchronize()
+                encoded = encode_jpeg(chw, quality=self.quality)
+            # It writes the bitstream on the legacy default stream; copy it out on that stream too.
+            data = encoded.cpu()
         else:
             data = encode_jpeg(host.permute(2, 0, 1).contiguous(), quality=self.quality)
         return data.numpy().tobytes()

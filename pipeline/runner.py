@@ -94,14 +94,17 @@ class Runner:
                  random_weights: bool, max_frames: int | None = None,
                  on_result: Callable[[FrameResult], None] | None = None,
                  on_idle: Callable[[Source], None] | None = None, stop: threading.Event | None = None,
-                 info: StreamInfo | None = None, pipelined: bool = True,
+                 info: StreamInfo | None = None, pipelined: bool | None = None,
                  wants_image: Callable[[], bool] | None = None) -> None:
         self.source, self.engine, self.sinks, self.annotator = source, engine, sinks, annotator
         self.random_weights, self.max_frames = random_weights, max_frames
         self.on_result, self.on_idle = on_result, on_idle
         self.stop = stop or threading.Event()
         self.info = info  # stream facts for the sinks (defaults to the source's)
-        self.pipelined = pipelined  # False: finish each frame before reading the next (baseline)
+        # Pipelined: queue frame t+1 before collecting frame t, so the GPU never waits for the host.
+        # Only an asynchronous (CUDA) engine gains from it: on the CPU submit() computes the whole
+        # frame, and holding its result back would only add one frame of latency. None: decide so.
+        self.pipelined = bool(getattr(engine, "cuda", False)) if pipelined is None else pipelined
         self.wants_image = wants_image  # annotate only when some sink will use the picture
         self.stats = RunStats()
 

@@ -550,3 +550,40 @@ def test_load_config_errors_name_the_key(tmp_path: Path) -> None:
         load_config(None, {"max_frames": "ten"})
     with pytest.raises(ConfigError, match="config file not found"):
         load_config(tmp_path / "missing.yaml")
+
+
+class CallOrder(SlowEngine):
+    """SlowEngine that logs submit/finish order; ``cuda`` says whether it computes asynchronously."""
+
+    def __init__(self, cuda: bool) -> None:
+        super().__init__(0.02)
+        self.cuda, self.calls = cuda, []
+
+    def submit(self, frame: Frame) -> Frame:
+        self.calls.append(("submit", frame.index))
+        return super().submit(frame)
+
+    def finish(self, pending: Frame, random_weights: bool) -> FrameResult:
+        self.calls.append(("finish", pending.index))
+        return super().finish(pending, random_weights)
+
+
+@pytest.mark.parametrize("cuda", [False, True])
+def test_runner_pipelines_only_an_asynchronous_engine(cuda: bool) -> None:
+    """On the CPU submit() is the computation: each frame is finished before the next is read
+    (holding it back would add a frame of latency for nothing). A CUDA engine gets the next frame
+    queued before the current one is collected."""
+    engine = CallOrder(cuda)
+    _, sink, _ = _run_live(engine, seconds=1.0)
+    latest, ahead, finishes = None, 0, 0
+    for kind, index in engine.calls:
+        if kind == "submit":
+            latest = index
+        else:
+            finishes += 1
+            ahead += latest != index  # the next frame was already queued when this one was collected
+    assert finishes >= 5 and finishes == len(sink.frames)
+    if cuda:
+        assert ahead >= finishes - 2, engine.calls  # the camera always has a fresh frame waiting
+    else:
+        assert ahead == 0, engine.calls

@@ -122,6 +122,24 @@ def test_backend_that_cannot_run_the_model_falls_back_to_auto(tiny_dirs, monkeyp
     assert "attention='math' cannot run this model here (No available kernel" in caplog.text
 
 
+def test_attention_probe_runs_the_real_token_count_and_layouts(tiny_dirs, monkeypatch):
+    """A kernel that takes a 16-token probe may still reject the real sequence or a strided v."""
+    seen = []
+    real = fastpath_mod.F.scaled_dot_product_attention
+
+    def record(q, k, v, **kwargs):
+        seen.append((q.shape[2], k.shape[2], q.is_contiguous(), v.is_contiguous(), kwargs.get("enable_gqa")))
+        return real(q, k, v, **kwargs)
+
+    monkeypatch.setattr(fastpath_mod.F, "scaled_dot_product_attention", record)
+    model = load_model(tiny_dirs["pose"], device="cpu")
+    assert FastPath(attention="math").resolve(model, SIZE).attention == "math"
+    tokens = model.cfg.num_prefix_tokens + (SIZE[0] // 16) * (SIZE[1] // 16)
+    kv_kinds = set(model.cfg.num_key_value_heads_per_layer)
+    assert len(seen) == len(kv_kinds) and all(s[:4] == (tokens, tokens, True, False) for s in seen)
+    assert {s[4] for s in seen} == {kv != model.cfg.num_attention_heads for kv in kv_kinds}
+
+
 def test_active_options_are_logged(tiny_dirs, caplog):
     caplog.set_level(logging.INFO, "stages.sapiens2")
     _estimator(tiny_dirs["pose"], "pose", FastPath(attention="math", channels_last=True))

@@ -63,7 +63,7 @@ class _Estimator:
                              f"not {self.task}")
         self.input_size = tuple(input_size or self.model.cfg.image_size)
         check_image_size(self.input_size, self.model.cfg.patch_size)
-        self.fastpath = (fastpath or FastPath()).resolve(self.model)
+        self.fastpath = (fastpath or FastPath()).resolve(self.model, self.input_size)
         self.model.set_channels_last(bool(self.fastpath.channels_last))
         self._forward = compile_model(self.model, self.fastpath.compile, self.input_size)
         log.info("%s fast path: %s", self.task, self.fastpath.describe(self.model))

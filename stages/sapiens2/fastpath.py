@@ -76,8 +76,9 @@ class FastPath:
     def cuda_graphs(self) -> bool:
         return self.compile == "reduce-overhead"
 
-    def resolve(self, model: Sapiens2) -> FastPath:
-        """Concrete options for this model on its device: auto filled in, unusable choices dropped."""
+    def resolve(self, model: Sapiens2, input_size: tuple[int, int] | None = None) -> FastPath:
+        """Concrete options for this model on its device (at this input size): auto filled in,
+        unusable choices dropped."""
         device = model.device
         channels_last = device.type == "cuda" if self.channels_last is None else self.channels_last
         attention = self.attention
@@ -85,7 +86,7 @@ class FastPath:
             _warn_once(f"attention={attention!r} needs CUDA; using 'auto' on {device.type}")
             attention = "auto"
         elif attention != "auto":
-            problem = probe_attention(attention, model)
+            problem = probe_attention(attention, model, input_size)
             if problem:
                 _warn_once(f"attention={attention!r} cannot run this model here ({problem}); using 'auto'")
                 attention = "auto"
@@ -110,18 +111,26 @@ def attention_context(attention: str) -> contextlib.AbstractContextManager:
     return contextlib.nullcontext() if backend is None else sdpa_kernel(backend)
 
 
-def probe_attention(attention: str, model: Sapiens2) -> str | None:
-    """Why ``attention`` cannot run this model's attention shapes on its device, or None if it can."""
+def probe_attention(attention: str, model: Sapiens2, input_size: tuple[int, int] | None = None) -> str | None:
+    """Why ``attention`` cannot run this model's attention on its device, or None if it can.
+
+    The probe uses the real token count (at ``input_size``) and the real layouts: q and k
+    contiguous (B, H, T, hd) as RoPE leaves them, v a strided view of the projection output.
+    """
     cfg = model.cfg
     # Attention inputs are in the compute dtype (float16 included: only the residual stays float32).
     dtype, device = model.dtype, model.device
-    tokens = cfg.num_prefix_tokens + 16
+    patch = cfg.patch_size
+    tokens = cfg.num_prefix_tokens + (16 if input_size is None else (input_size[0] // patch) * (input_size[1] // patch))
+    hd = cfg.head_dim
     for kv_heads in sorted(set(cfg.num_key_value_heads_per_layer)):
-        q = torch.randn(1, cfg.num_attention_heads, tokens, cfg.head_dim, device=device, dtype=dtype)
-        kv = torch.randn(1, kv_heads, tokens, cfg.head_dim, device=device, dtype=dtype)
+        q = torch.randn(1, cfg.num_attention_heads, tokens, hd, device=device, dtype=dtype)
+        k = torch.randn(1, kv_heads, tokens, hd, device=device, dtype=dtype)
+        projected = torch.randn(1, tokens, 2 * kv_heads * hd, device=device, dtype=dtype)
+        v = projected[..., kv_heads * hd:].view(1, tokens, kv_heads, hd).transpose(1, 2)
         try:
             with torch.inference_mode(), attention_context(attention):
-                F.scaled_dot_product_attention(q, kv, kv, enable_gqa=kv_heads != cfg.num_attention_heads)
+                F.scaled_dot_product_attention(q, k, v, enable_gqa=kv_heads != cfg.num_attention_heads)
         except RuntimeError as exc:
             return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return None
