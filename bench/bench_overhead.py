@@ -54,7 +54,7 @@ from pipeline.stages_setup import Stages  # noqa: E402
 from stages.annotate import compose_annotators  # noqa: E402
 from stages.detector import FullFrameDetector  # noqa: E402
 from stages.sapiens2.preprocess import to_device_image  # noqa: E402
-from stages.types import Detections, Frame, FrameResult, Keypoints, Matte  # noqa: E402
+from stages.types import Detections, Frame, FrameResult, Keypoints  # noqa: E402
 
 H, W = 1080, 1920
 K = 308

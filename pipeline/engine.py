@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from stages.detector import Detector, boxes_from_keypoints
+from stages.detector import boxes_from_keypoints
 from stages.sapiens2.estimators import NonFiniteOutputError
 from stages.sapiens2.preprocess import to_device_image, upload
 from stages.smoothing import KeypointSmoother

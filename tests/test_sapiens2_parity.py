@@ -210,3 +210,19 @@ def test_pose_decoding_matches_reference_on_gaussian_peaks():
         np.testing.assert_allclose(scores[i].numpy(), person["scores"].numpy(), rtol=1e-6)
         # image pixels per heatmap pixel is at most ~6 here; 1e-3 heatmap px is far below any visible error
         np.testing.assert_allclose(xy[i].numpy(), person["keypoints"].numpy(), atol=5e-3)
+
+
+@pytest.mark.parametrize("kernel", [3, 5, 11])
+def test_heatmap_blur_is_the_references_bit_for_bit(kernel):
+    """The DARK blur is one depthwise convolution over zero-padded maps (faster than torchvision's
+    blur of a twice-padded map); its sums must be exactly the reference's."""
+    from transformers.models.sapiens2.image_processing_sapiens2 import gaussian_blur_preserve_max
+
+    from stages.sapiens2.postprocess import blur_preserve_max
+
+    gen = torch.Generator().manual_seed(kernel)
+    for b, k, h, w in ((1, 308, 64, 48), (3, 17, 33, 21)):
+        maps = torch.rand(b, k, h, w, generator=gen) ** 8 - 0.01  # peaky, some negative values
+        got = blur_preserve_max(maps, kernel)
+        expected = gaussian_blur_preserve_max(maps.reshape(b * k, h, w), kernel).reshape(b, k, h, w)
+        assert torch.equal(got, expected)

@@ -5,6 +5,8 @@ Pure torch; reproduces the reference post-processing (transformers 5.23 ``Sapien
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -13,18 +15,32 @@ from torchvision.transforms.v2 import functional as tvF
 from .preprocess import crop_params, device_constant, pad_box
 
 
+@functools.lru_cache(maxsize=8)
+def _blur_kernel(kernel: int, device: torch.device) -> Tensor:
+    """(kernel, kernel) Gaussian weights with cv2's sigma for the size, exactly as torchvision (and so
+    the reference) builds them: read off torchvision's blur of a unit impulse."""
+    sigma = 0.3 * ((kernel - 1) * 0.5 - 1) + 0.8
+    impulse = torch.zeros(1, 2 * kernel - 1, 2 * kernel - 1)
+    impulse[0, kernel - 1, kernel - 1] = 1.0
+    half = kernel // 2
+    weights = tvF.gaussian_blur(impulse, [kernel, kernel], [sigma, sigma])[0, half : half + kernel, half : half + kernel]
+    return weights.to(device)
+
+
 def blur_preserve_max(heatmaps: Tensor, kernel: int = 11) -> Tensor:
     """Gaussian blur (cv2's sigma for the kernel size) of (B, K, h, w) heatmaps with zero borders,
-    rescaled to keep each map's maximum (as DARK-UDP expects)."""
+    rescaled to keep each map's maximum (as DARK-UDP expects).
+
+    One depthwise convolution over the zero-padded maps: the reference's sums, bit for bit (it
+    pads again with reflection inside torchvision and crops that border off afterwards).
+    """
     if kernel % 2 == 0 or kernel <= 1:
         raise ValueError("blur kernel must be an odd integer greater than 1")
     b, k, h, w = heatmaps.shape
-    sigma = 0.3 * ((kernel - 1) * 0.5 - 1) + 0.8
     border = (kernel - 1) // 2
-    # Zero-pad first: torchvision reflect-pads internally, which would otherwise mirror the peak.
-    padded = F.pad(heatmaps.reshape(b * k, h, w), (border,) * 4)
-    blurred = tvF.gaussian_blur(padded, [kernel, kernel], [sigma, sigma])[:, border:-border, border:-border]
-    blurred = blurred.reshape(b, k, h, w)
+    padded = F.pad(heatmaps.reshape(1, b * k, h, w), (border,) * 4)  # (1, B*K, h+2r, w+2r)
+    weights = _blur_kernel(kernel, heatmaps.device).to(heatmaps.dtype).expand(b * k, 1, kernel, kernel)
+    blurred = F.conv2d(padded, weights, groups=b * k).reshape(b, k, h, w)
     orig_max = heatmaps.amax(dim=(2, 3))
     new_max = blurred.amax(dim=(2, 3))
     safe = torch.where(new_max > 0, new_max, torch.ones_like(new_max))
