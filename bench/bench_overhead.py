@@ -260,7 +260,7 @@ def bench_plumbing(r: Report, images: list[np.ndarray], device: torch.device, rn
     res = person_result(images[0], 0, rng)
     r.add("plumbing", "JSONL record + json.dumps, 2 persons (optional sink)", "info",
           r.time(lambda: json.dumps(result_to_record(res), separators=(",", ":"))), False,
-          note="only with --keypoints-out")
+          note="only with --save-keypoints")
 
 
 def bench_annotation(r: Report, images: list[np.ndarray], rng: np.random.Generator) -> list[np.ndarray]:
