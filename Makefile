@@ -21,8 +21,11 @@ test: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/sapiens2-stream --config configs/demo.yaml
 
+# CPU figures of docs/PERFORMANCE.md (minutes; run on an otherwise idle machine).
 bench: $(STAMP)
-	$(PY) bench/bench_pose_cpu.py
+	$(PY) bench/bench_pose_cpu.py --wait-quiet 60
+	$(PY) bench/bench_stages.py --config medium --tasks pose seg matting normal pointmap --wait-quiet 60
+	$(PY) bench/bench_overhead.py --wait-quiet 60
 
 clean:
 	rm -rf $(VENV) out
