@@ -398,7 +398,9 @@ class JpegEncoder:
             return None
         try:
             return self._encode(image)
-        except (RuntimeError, ValueError, TypeError, OSError) as exc:
+        except (ImportError, RuntimeError, ValueError, TypeError, OSError) as exc:
+            # ImportError: torchvision 0.29 deprecates its image codecs (TorchCodec replaces them);
+            # a release without encode_jpeg must leave the CPU encoder working.
             log.warning("GPU JPEG encoding failed (%s); encoding frames on the CPU from now on",
                         str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
             self.device = None

@@ -271,6 +271,16 @@ def test_torch_encoder_frames_decode_like_cpu_ones():
     _assert_same_image(msg.image, result.annotated)
 
 
+def test_encoder_without_torchvision_jpeg_falls_back(monkeypatch, caplog):
+    """torchvision deprecates its image codecs: a release without encode_jpeg must not break publishing."""
+    import torchvision.io
+
+    monkeypatch.delattr(torchvision.io, "encode_jpeg")
+    encoder = JpegEncoder(90, "cpu")
+    assert encoder.encode(_frame_result().annotated) is None and not encoder.active
+    assert "GPU JPEG encoding failed (cannot import name 'encode_jpeg'" in caplog.text
+
+
 def test_encoder_failure_falls_back_once(monkeypatch, caplog):
     import torchvision.io
 
