@@ -12,7 +12,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from bench.device_stream import FixedBoxes
+from bench.device_stream import person_boxes
 from bench.devicekit import Ctx, p50, p95, strict_float32
 from stages.sapiens2.config import variant
 from stages.sapiens2.model import Sapiens2
@@ -190,7 +190,7 @@ def phase_fastpath(ctx: Ctx) -> None:
     rng = np.random.default_rng(0)
     h, w = ctx.frame
     image = rng.integers(0, 255, (h, w, 3), dtype=np.uint8)
-    boxes = FixedBoxes(4, w, h).detections.boxes
+    boxes = person_boxes(4, w, h)
     fused = load_model(ctx.ckpts["pose"], device=ctx.device, dtype=ctx.dtype)
 
     def estimator(model=fused, **kwargs) -> Callable[[], PoseEstimator]:

@@ -12,40 +12,23 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from bench.bench_stages import FixedDetector
 from bench.devicekit import Ctx, p50, p95, sync_sites, wall_ms
 
 
-class FixedBoxes:
-    """Detector stand-in: N fixed person boxes, so pose runs on a known person count."""
-
-    random_weights = False
-
-    def __init__(self, n: int, width: int, height: int) -> None:
-        from stages.types import Detections
-
-        step = width // (n + 1)
-        boxes = np.array([[step * (i + 1) - 0.08 * width, height * 0.1, step * (i + 1) + 0.08 * width, height * 0.95]
-                          for i in range(n)], np.float32)
-        self.detections = Detections(boxes, np.full(n, 0.9, np.float32), np.arange(n))
-
-    def detect(self, image: np.ndarray):
-        return self.detections
-
-    def carry(self, boxes) -> None:
-        pass
-
-    def reset(self) -> None:
-        pass
+def person_boxes(n: int, width: int, height: int) -> np.ndarray:
+    """(N, 4) xyxy boxes of N people standing side by side across the frame."""
+    step = width // (n + 1)
+    return np.array([[step * (i + 1) - 0.08 * width, height * 0.1, step * (i + 1) + 0.08 * width, height * 0.95]
+                     for i in range(n)], np.float32)
 
 
-class YoloThenFixedBoxes(FixedBoxes):
+class YoloThenFixedBoxes(FixedDetector):
     """The real YOLO detector runs on every frame (random weights: its cost is real, its boxes are
-    not), then the N fixed boxes are returned."""
+    not), then the fixed boxes are returned, so pose runs on a known person count."""
 
-    random_weights = True
-
-    def __init__(self, yolo, n: int, width: int, height: int) -> None:
-        super().__init__(n, width, height)
+    def __init__(self, yolo, boxes: np.ndarray) -> None:
+        super().__init__(boxes)
         self.yolo = yolo
 
     def detect(self, image: np.ndarray):
@@ -116,7 +99,8 @@ def phase_pipeline(ctx: Ctx) -> None:
             continue
         if ctx.cuda:
             torch.cuda.reset_peak_memory_stats(ctx.device)
-        det = YoloThenFixedBoxes(yolo, persons, w, h) if yolo is not None else FixedBoxes(persons, w, h)
+        boxes = person_boxes(persons, w, h)
+        det = YoloThenFixedBoxes(yolo, boxes) if yolo is not None else FixedDetector(boxes)
         stages = Stages(ctx.device, det, {"pose": pose, "seg": seg})
         camera = SyntheticCamera(width=w, height=h, fps=240.0)
         source = Source(camera.open, label="synthetic", source_id="bench", live=True)
@@ -185,7 +169,7 @@ def phase_syncs(ctx: Ctx) -> None:
     h, w = ctx.frame
     pose = PoseEstimator(ctx.ckpts["pose"], device=ctx.device, dtype=ctx.dtype, input_size=ctx.size)
     seg = Segmenter(ctx.ckpts["seg"], device=ctx.device, dtype=ctx.dtype, input_size=ctx.size)
-    engine = FrameEngine(Stages(ctx.device, FixedBoxes(2, w, h), {"pose": pose, "seg": seg}))
+    engine = FrameEngine(Stages(ctx.device, FixedDetector(person_boxes(2, w, h)), {"pose": pose, "seg": seg}))
     image = np.random.default_rng(0).integers(0, 255, (h, w, 3), dtype=np.uint8)
     engine.finish(engine.submit(Frame(0, image, None, None, time.time_ns())), True)  # warm: constants made
     pendings: list = []

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
-import statistics
 import sys
 import time
 import traceback
@@ -18,12 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.harness import measure  # noqa: E402
+from bench.harness import measure, percentile  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 OUR_CODE = (str(REPO / "stages"), str(REPO / "pipeline"))  # where a host sync is ours to fix
@@ -110,23 +108,16 @@ class Ctx:
 
 
 def p50(samples: list[float]) -> float:
-    return float(statistics.median(samples))
+    return percentile(sorted(samples), 50.0)
 
 
 def p95(samples: list[float]) -> float:
-    return float(np.percentile(samples, 95))
+    return percentile(sorted(samples), 95.0)
 
 
 def wall_ms(fn: Callable[[], object], iters: int, warmup: int = 3) -> list[float]:
     """Wall-clock milliseconds per call: for host-side costs (a blocking copy, an encoder)."""
-    for _ in range(warmup):
-        fn()
-    out = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        out.append((time.perf_counter() - t0) * 1000.0)
-    return out
+    return measure(fn, iters, warmup, "cpu").samples_ms
 
 
 def run_phase(ctx: Ctx, name: str, fn: Callable[[Ctx], None], needs_s: float) -> None:
