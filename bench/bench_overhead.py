@@ -43,10 +43,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.harness import (Stats, add_common_args, dump_json, load_average, machine_info, measure, measure_interleaved,  # noqa: E402
                            table, wait_quiet)
 from pipeline.engine import Clock, FrameEngine, Pending  # noqa: E402
-from pipeline.jsonl import result_to_record  # noqa: E402
-from pipeline.publisher import ZmqPublisher  # noqa: E402
-from pipeline.readers import open_file  # noqa: E402
-from pipeline.recorder import VideoRecorder  # noqa: E402
+from pipeline.sinks.jsonl import result_to_record  # noqa: E402
+from pipeline.sinks.publisher import ZmqPublisher  # noqa: E402
+from pipeline.sources.readers import open_file  # noqa: E402
+from pipeline.sinks.recorder import VideoRecorder  # noqa: E402
 from pipeline.runner import Runner  # noqa: E402
 from pipeline.sinks import StreamInfo  # noqa: E402
 from pipeline.sources import SourceEnded  # noqa: E402

@@ -63,9 +63,9 @@ class AlreadyOpen:
 
 
 def phase_pipeline(ctx: Ctx) -> None:
-    from pipeline.demo_source import SyntheticCamera
+    from pipeline.sources.demo import SyntheticCamera
     from pipeline.engine import FrameEngine
-    from pipeline.publisher import ZmqPublisher
+    from pipeline.sinks.publisher import ZmqPublisher
     from pipeline.runner import Runner
     from pipeline.sources import Source
     from pipeline.stages_setup import Stages
@@ -194,8 +194,8 @@ def phase_transfers(ctx: Ctx) -> None:
     """Pinned vs pageable copies, GPU vs CPU JPEG, hardware vs software video encoding."""
     import cv2
 
-    from pipeline.publisher import JpegEncoder
-    from pipeline.recorder import VideoRecorder
+    from pipeline.sinks.publisher import JpegEncoder
+    from pipeline.sinks.recorder import VideoRecorder
     from pipeline.sinks import StreamInfo
     from stages.sapiens2.preprocess import to_device_image
     from stages.types import Frame, FrameResult

@@ -17,10 +17,10 @@ from stages.types import FrameResult
 
 from .config import ConfigError, RunConfig
 from .engine import FrameEngine
-from .jsonl import KeypointWriter
-from .preview import PreviewWindow
-from .publisher import CurveServerKeys, ZmqPublisher
-from .recorder import VideoRecorder
+from .sinks.jsonl import KeypointWriter
+from .sinks.preview import PreviewWindow
+from .sinks.publisher import CurveServerKeys, ZmqPublisher
+from .sinks.recorder import VideoRecorder
 from .runner import Runner
 from .sinks import Sink
 from .sources import Source, open_source

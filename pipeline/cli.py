@@ -111,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument("--task", required=True, choices=["pose", "seg", "matting", "normal", "pointmap"])
     tiny.add_argument("--seed", type=int, default=0)
     tiny.set_defaults(func=cmd_make_tiny)
-    from .netcli import add_net_commands
+    from .net.commands import add_net_commands
 
     add_net_commands(sub)
     return parser

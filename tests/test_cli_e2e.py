@@ -26,7 +26,7 @@ import pytest
 
 from pipeline.cli import build_parser, overrides_from
 from pipeline.config import ConfigError, load_config
-from pipeline.demo_source import SyntheticCamera
+from pipeline.sources.demo import SyntheticCamera
 from pipeline.runner import Runner
 from pipeline.sinks import StreamInfo
 from pipeline.sources import Source

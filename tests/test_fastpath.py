@@ -15,7 +15,7 @@ import torch
 from pipeline import wire
 from pipeline.cli import build_parser, overrides_from
 from pipeline.config import RECORD_CODECS, ConfigError, load_config
-from pipeline.publisher import JpegEncoder, ZmqPublisher
+from pipeline.sinks.publisher import JpegEncoder, ZmqPublisher
 from pipeline.sinks import StreamInfo
 from pipeline.stages_setup import build_stages, fastpath_from
 from pipeline.subscriber import FrameMessage, ReceiveTimeout, Subscriber
@@ -211,7 +211,7 @@ def test_config_rejects_bad_fast_path_values_naming_the_key(key, value):
 
 
 def test_record_codecs_match_the_recorder():
-    from pipeline.recorder import _FALLBACKS
+    from pipeline.sinks.recorder import _FALLBACKS
 
     assert set(RECORD_CODECS) == set(_FALLBACKS)
 
@@ -249,7 +249,7 @@ def _assert_same_image(got: np.ndarray, want: np.ndarray) -> None:
 
 
 def test_gpu_jpeg_without_cuda_takes_the_cpu_path(caplog):
-    caplog.set_level(logging.INFO, "pipeline.publisher")
+    caplog.set_level(logging.INFO, "pipeline.sinks.publisher")
     result = _frame_result()
     pub = ZmqPublisher("tcp://127.0.0.1:*", jpeg_quality=90, gpu_jpeg=True)
     if torch.cuda.is_available():

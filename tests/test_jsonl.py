@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.jsonl import JsonlError, KeypointWriter
+from pipeline.sinks.jsonl import JsonlError, KeypointWriter
 from pipeline.sinks import StreamInfo
 from stages.types import Detections, Frame, FrameResult, Keypoints
 
@@ -77,7 +77,7 @@ def test_lines_are_flushed_so_a_killed_process_leaves_parsable_output(tmp_path: 
 import os, sys
 sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
 from tests.test_jsonl import make_result
-from pipeline.jsonl import KeypointWriter
+from pipeline.sinks.jsonl import KeypointWriter
 writer = KeypointWriter({str(path)!r})
 for i in range(5):
     writer.write(make_result(i, 1))

@@ -14,7 +14,7 @@ import av
 import numpy as np
 import pytest
 
-from pipeline.publisher import ZmqPublisher
+from pipeline.sinks.publisher import ZmqPublisher
 from pipeline.sinks import StreamInfo
 from stages.types import Detections, Frame, FrameResult, Keypoints
 
@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _cli(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "pipeline.netcli", *args], cwd=ROOT, text=True,
+    return subprocess.Popen([sys.executable, "-m", "pipeline.net.commands", *args], cwd=ROOT, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 

@@ -9,7 +9,7 @@ import av
 import numpy as np
 import pytest
 
-from pipeline.recorder import RecorderError, VideoRecorder
+from pipeline.sinks.recorder import RecorderError, VideoRecorder
 from pipeline.sinks import StreamInfo
 from stages.types import Frame, FrameResult
 
@@ -145,7 +145,7 @@ def test_bitrate_option(tmp_path: Path) -> None:
 
 
 def test_falls_back_to_mpeg4_when_libx264_is_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import pipeline.recorder as recorder_module
+    import pipeline.sinks.recorder as recorder_module
 
     real_probe = recorder_module._probe_encoder
     monkeypatch.setattr(recorder_module, "_probe_encoder",
@@ -161,7 +161,7 @@ def test_falls_back_to_mpeg4_when_libx264_is_missing(tmp_path: Path, monkeypatch
 def test_recording_a_live_source_with_drops(tmp_path: Path) -> None:
     import time
 
-    from pipeline.demo_source import SyntheticCamera
+    from pipeline.sources.demo import SyntheticCamera
     from pipeline.sources import Source
 
     camera = SyntheticCamera(fps=300.0)

@@ -14,7 +14,7 @@ import cv2
 import numpy as np
 import pytest
 
-from pipeline.demo_source import SyntheticCamera
+from pipeline.sources.demo import SyntheticCamera
 from pipeline.sources import Source, SourceEnded, SourceError, open_source
 from stages.types import Frame
 

@@ -8,8 +8,8 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from pipeline.broker import Broker, BrokerError
-from pipeline.publisher import ZmqPublisher
+from pipeline.net.broker import Broker, BrokerError
+from pipeline.sinks.publisher import ZmqPublisher
 from pipeline.sinks import StreamInfo
 from pipeline.subscriber import KeypointsMessage, ReceiveTimeout, Subscriber
 from stages.types import Detections, Frame, FrameResult, Keypoints

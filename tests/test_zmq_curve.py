@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.netcli import make_keys
-from pipeline.publisher import CurveServerKeys, PublishError, ZmqPublisher
+from pipeline.net.commands import make_keys
+from pipeline.sinks.publisher import CurveServerKeys, PublishError, ZmqPublisher
 from pipeline.sinks import StreamInfo
 from pipeline.subscriber import CurveClientKeys, KeypointsMessage, ReceiveTimeout, Subscriber
 from stages.types import Detections, Frame, FrameResult, Keypoints

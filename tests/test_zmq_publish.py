@@ -13,7 +13,7 @@ import pytest
 import zmq
 
 from pipeline import wire
-from pipeline.publisher import PublishError, ZmqPublisher
+from pipeline.sinks.publisher import PublishError, ZmqPublisher
 from pipeline.sinks import StreamInfo
 from pipeline.subscriber import (
     FrameMessage,

@@ -2,7 +2,7 @@
 
 ``add_net_commands(subparsers)`` registers them on the main CLI's subparsers; every handler
 is ``func(args) -> int`` and reports a failure as one ``error: ...`` line.
-``python -m pipeline.netcli ...`` runs them standalone.
+``python -m pipeline.net.commands ...`` runs them standalone.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import av
 import zmq.auth
 
 from pipeline import wire
-from pipeline.broker import DEFAULT_XPUB, DEFAULT_XSUB, Broker, BrokerError
-from pipeline.recorder import RecorderError, VideoRecorder
+from pipeline.net.broker import DEFAULT_XPUB, DEFAULT_XSUB, Broker, BrokerError
+from pipeline.sinks.recorder import RecorderError, VideoRecorder
 from pipeline.sinks import StreamInfo
 from pipeline.subscriber import (
     DEFAULT_ENDPOINT,
@@ -210,7 +210,7 @@ def _on_signals(handler: Any) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Standalone entry: ``python -m pipeline.netcli {subscribe,keys,broker} ...``."""
+    """Standalone entry: ``python -m pipeline.net.commands {subscribe,keys,broker} ...``."""
     parser = argparse.ArgumentParser(prog="sapiens2-stream")
     add_net_commands(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)

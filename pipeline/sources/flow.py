@@ -9,7 +9,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable
 
-from pipeline.readers import Decoded, FrameReader, SourceError
+from pipeline.sources.readers import Decoded, FrameReader, SourceError
 from stages.types import Frame
 
 log = logging.getLogger(__name__)

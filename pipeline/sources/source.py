@@ -23,9 +23,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Callable, Iterator
 
-from pipeline.demo_source import DemoReader
-from pipeline.flow import Channel, Pacer, Terminal, open_with_timeout
-from pipeline.readers import (
+from pipeline.sources.demo import DemoReader
+from pipeline.sources.flow import Channel, Pacer, Terminal, open_with_timeout
+from pipeline.sources.readers import (
     IMAGE_SUFFIXES,
     NETWORK_SCHEMES,
     Decoded,

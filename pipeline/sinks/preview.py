@@ -8,7 +8,7 @@ import cv2
 
 from stages.types import FrameResult
 
-from .sinks import StreamInfo
+from . import StreamInfo
 
 
 class PreviewWindow:

@@ -2,7 +2,7 @@
 
 A reader is opened by an *opener* (a zero-argument callable that returns an open reader or
 raises ``SourceError``), then read from one thread until ``read()`` returns None (end of
-stream). The threading, flow control and reconnection live in ``pipeline.sources``; readers
+stream). The threading, flow control and reconnection live in ``pipeline.sources.source``; readers
 only decode.
 """
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from pipeline.readers import Decoded, SourceError
+from pipeline.sources.readers import Decoded, SourceError
 
 log = logging.getLogger(__name__)
 
