@@ -69,7 +69,7 @@ def phase_pipeline(ctx: Ctx) -> None:
     from pipeline.runner import Runner
     from pipeline.sources import Source
     from pipeline.stages_setup import Stages
-    from pipeline.subscriber import ReceiveTimeout, Subscriber
+    from sapiens2_client.subscriber import ReceiveTimeout, Subscriber
     from stages.sapiens2.estimators import PoseEstimator, Segmenter
     from stages.sapiens2.fastpath import warmup
 

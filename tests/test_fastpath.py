@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline import wire
+from sapiens2_client import wire
 from pipeline.cli import build_parser, overrides_from
 from pipeline.config import RECORD_CODECS, ConfigError, load_config
 from pipeline.sinks.publisher import JpegEncoder, ZmqPublisher
 from pipeline.sinks import StreamInfo
 from pipeline.stages_setup import build_stages, fastpath_from
-from pipeline.subscriber import FrameMessage, ReceiveTimeout, Subscriber
+from sapiens2_client.subscriber import FrameMessage, ReceiveTimeout, Subscriber
 from stages.sapiens2 import fastpath as fastpath_mod
 from stages.sapiens2 import load_model
 from stages.sapiens2.estimators import BATCH_BUCKETS, ESTIMATORS

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.subscriber import FrameMessage, KeypointsMessage, ReceiveTimeout, StatusMessage, Subscriber
+from sapiens2_client.subscriber import FrameMessage, KeypointsMessage, ReceiveTimeout, StatusMessage, Subscriber
 from stages.sapiens2.tiny import make_tiny
 
 pytestmark = pytest.mark.timeout(180)

@@ -9,8 +9,8 @@ import msgpack
 import numpy as np
 import pytest
 
-from pipeline import wire
-from pipeline.subscriber import FrameMessage, KeypointsMessage, MatteMessage, SegMessage, to_message
+from sapiens2_client import wire
+from sapiens2_client.subscriber import FrameMessage, KeypointsMessage, MatteMessage, SegMessage, to_message
 
 
 def _meta(**kw: object) -> wire.FrameMeta:

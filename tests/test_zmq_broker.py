@@ -11,7 +11,7 @@ import pytest
 from pipeline.net.broker import Broker, BrokerError
 from pipeline.sinks.publisher import ZmqPublisher
 from pipeline.sinks import StreamInfo
-from pipeline.subscriber import KeypointsMessage, ReceiveTimeout, Subscriber
+from sapiens2_client.subscriber import KeypointsMessage, ReceiveTimeout, Subscriber
 from stages.types import Detections, Frame, FrameResult, Keypoints
 
 

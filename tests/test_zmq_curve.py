@@ -12,7 +12,7 @@ import pytest
 from pipeline.net.commands import make_keys
 from pipeline.sinks.publisher import CurveServerKeys, PublishError, ZmqPublisher
 from pipeline.sinks import StreamInfo
-from pipeline.subscriber import CurveClientKeys, KeypointsMessage, ReceiveTimeout, Subscriber
+from sapiens2_client.subscriber import CurveClientKeys, KeypointsMessage, ReceiveTimeout, Subscriber
 from stages.types import Detections, Frame, FrameResult, Keypoints
 
 

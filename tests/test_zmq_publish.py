@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import zmq
 
-from pipeline import wire
+from sapiens2_client import wire
 from pipeline.sinks.publisher import PublishError, ZmqPublisher
 from pipeline.sinks import StreamInfo
-from pipeline.subscriber import (
+from sapiens2_client.subscriber import (
     FrameMessage,
     KeypointsMessage,
     MatteMessage,

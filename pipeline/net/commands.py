@@ -21,11 +21,11 @@ from typing import Any
 import av
 import zmq.auth
 
-from pipeline import wire
+from sapiens2_client import wire
 from pipeline.net.broker import DEFAULT_XPUB, DEFAULT_XSUB, Broker, BrokerError
 from pipeline.sinks.recorder import RecorderError, VideoRecorder
 from pipeline.sinks import StreamInfo
-from pipeline.subscriber import (
+from sapiens2_client.subscriber import (
     DEFAULT_ENDPOINT,
     CurveClientKeys,
     FrameMessage,

@@ -28,7 +28,7 @@ import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
-from pipeline import wire
+from sapiens2_client import wire
 from pipeline.sinks import StreamInfo
 from stages.types import FrameResult
 

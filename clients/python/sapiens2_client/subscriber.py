@@ -20,8 +20,8 @@ import numpy as np
 import zmq
 import zmq.auth
 
-from pipeline import wire
-from pipeline.wire import FrameMeta, MessageTooLarge, SchemaVersionError, WireError
+from sapiens2_client import wire
+from sapiens2_client.wire import FrameMeta, MessageTooLarge, SchemaVersionError, WireError
 
 log = logging.getLogger(__name__)
 
