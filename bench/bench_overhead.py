@@ -40,21 +40,29 @@ import zmq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.harness import (Stats, add_common_args, dump_json, load_average, machine_info, measure, measure_interleaved,  # noqa: E402
-                           table, wait_quiet)
+from bench.harness import (  # noqa: E402
+    Stats,
+    add_common_args,
+    dump_json,
+    load_average,
+    machine_info,
+    measure,
+    measure_interleaved,
+    table,
+    wait_quiet,
+)
 from pipeline.engine import Clock, FrameEngine, Pending  # noqa: E402
+from pipeline.runner import Runner  # noqa: E402
 from pipeline.sinks.jsonl import result_to_record  # noqa: E402
 from pipeline.sinks.publisher import ZmqPublisher  # noqa: E402
-from pipeline.sources.readers import open_file  # noqa: E402
 from pipeline.sinks.recorder import VideoRecorder  # noqa: E402
-from pipeline.runner import Runner  # noqa: E402
-from pipeline.sinks import StreamInfo  # noqa: E402
 from pipeline.sources import SourceEnded  # noqa: E402
+from pipeline.sources.readers import open_file  # noqa: E402
 from pipeline.stages_setup import Stages  # noqa: E402
 from stages.annotate import compose_annotators  # noqa: E402
 from stages.detector import FullFrameDetector  # noqa: E402
 from stages.sapiens2.preprocess import to_device_image  # noqa: E402
-from stages.types import Detections, Frame, FrameResult, Keypoints  # noqa: E402
+from stages.types import Detections, Frame, FrameResult, Keypoints, StreamInfo  # noqa: E402
 
 H, W = 1080, 1920
 K = 308

@@ -35,8 +35,16 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.harness import (Stats, add_common_args, dump_json, load_average, machine_info, measure_interleaved, table,  # noqa: E402
-                           wait_quiet)
+from bench.harness import (  # noqa: E402
+    Stats,
+    add_common_args,
+    dump_json,
+    load_average,
+    machine_info,
+    measure_interleaved,
+    table,
+    wait_quiet,
+)
 from pipeline.engine import FrameEngine  # noqa: E402
 from pipeline.stages_setup import Stages  # noqa: E402
 from stages.sapiens2.estimators import ESTIMATORS  # noqa: E402

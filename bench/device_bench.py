@@ -29,11 +29,16 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.device_model import (make_checkpoints, phase_compile, phase_correctness, phase_fastpath,  # noqa: E402
-                                phase_forward, phase_reference)
+from bench.device_model import (  # noqa: E402
+    make_checkpoints,
+    phase_compile,
+    phase_correctness,
+    phase_fastpath,
+    phase_forward,
+    phase_reference,
+)
 from bench.device_stream import phase_pipeline, phase_syncs, phase_transfers  # noqa: E402
 from bench.devicekit import Ctx, Report, run_phase, sync_sites  # noqa: E402
-
 
 PHASES: list[tuple[str, Callable[[Ctx], None], float]] = [  # name, function, seconds it needs (H200 estimate)
     ("correctness", phase_correctness, 20),

@@ -63,11 +63,11 @@ class AlreadyOpen:
 
 
 def phase_pipeline(ctx: Ctx) -> None:
-    from pipeline.sources.demo import SyntheticCamera
     from pipeline.engine import FrameEngine
-    from pipeline.sinks.publisher import ZmqPublisher
     from pipeline.runner import Runner
+    from pipeline.sinks.publisher import ZmqPublisher
     from pipeline.sources import Source
+    from pipeline.sources.demo import SyntheticCamera
     from pipeline.stages_setup import Stages
     from sapiens2_client.subscriber import ReceiveTimeout, Subscriber
     from stages.sapiens2.estimators import PoseEstimator, Segmenter
@@ -196,9 +196,8 @@ def phase_transfers(ctx: Ctx) -> None:
 
     from pipeline.sinks.publisher import JpegEncoder
     from pipeline.sinks.recorder import VideoRecorder
-    from pipeline.sinks import StreamInfo
     from stages.sapiens2.preprocess import to_device_image
-    from stages.types import Frame, FrameResult
+    from stages.types import Frame, FrameResult, StreamInfo
 
     h, w = ctx.frame
     # Camera-like content (smooth shading and blurred texture): pure noise would make the codecs

@@ -11,7 +11,6 @@ function itself may sync, e.g. to copy a result to the host). On the CPU it is p
 from __future__ import annotations
 
 import argparse
-
 import json
 import platform
 import statistics

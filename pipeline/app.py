@@ -17,12 +17,12 @@ from stages.types import FrameResult
 
 from .config import ConfigError, RunConfig
 from .engine import FrameEngine
+from .runner import Runner
+from .sinks import Sink
 from .sinks.jsonl import KeypointWriter
 from .sinks.preview import PreviewWindow
 from .sinks.publisher import CurveServerKeys, ZmqPublisher
 from .sinks.recorder import VideoRecorder
-from .runner import Runner
-from .sinks import Sink
 from .sources import Source, open_source
 from .stages_setup import Stages, build_stages
 

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from stages.annotate import Annotator
-from stages.types import FrameResult
+from stages.types import FrameResult, StreamInfo
 
 from .engine import FrameEngine
-from .sinks import Sink, StreamInfo
+from .sinks import Sink
 from .sources import Source, SourceEnded, SourceError
 
 log = logging.getLogger(__name__)

@@ -20,6 +20,19 @@ def _check(name: str, array: np.ndarray, shape: tuple[int | None, ...]) -> None:
         raise ValueError(f"{name}: expected {want}, got {tuple(array.shape)}")
 
 
+@dataclass(frozen=True)
+class StreamInfo:
+    """Facts about a stream known when it opens."""
+
+    source_id: str
+    width: int
+    height: int
+    fps: float | None  # nominal frame rate; None when unknown (live sources may not say)
+    time_base: Fraction | None
+    live: bool
+    random_weights: bool = False
+
+
 @dataclass
 class Frame:
     """One decoded frame and where it came from.

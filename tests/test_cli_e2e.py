@@ -26,11 +26,10 @@ import pytest
 
 from pipeline.cli import build_parser, overrides_from
 from pipeline.config import ConfigError, load_config
-from pipeline.sources.demo import SyntheticCamera
 from pipeline.runner import Runner
-from pipeline.sinks import StreamInfo
 from pipeline.sources import Source
-from stages.types import Detections, Frame, FrameResult, Keypoints
+from pipeline.sources.demo import SyntheticCamera
+from stages.types import Detections, Frame, FrameResult, Keypoints, StreamInfo
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -12,19 +12,18 @@ import numpy as np
 import pytest
 import torch
 
-from sapiens2_client import wire
 from pipeline.cli import build_parser, overrides_from
 from pipeline.config import RECORD_CODECS, ConfigError, load_config
 from pipeline.sinks.publisher import JpegEncoder, ZmqPublisher
-from pipeline.sinks import StreamInfo
 from pipeline.stages_setup import build_stages, fastpath_from
+from sapiens2_client import wire
 from sapiens2_client.subscriber import FrameMessage, ReceiveTimeout, Subscriber
 from stages.sapiens2 import fastpath as fastpath_mod
 from stages.sapiens2 import load_model
 from stages.sapiens2.estimators import BATCH_BUCKETS, ESTIMATORS
 from stages.sapiens2.fastpath import FastPath, warmup, warmup_batches
 from stages.sapiens2.tiny import make_tiny
-from stages.types import Detections, Frame, FrameResult
+from stages.types import Detections, Frame, FrameResult, StreamInfo
 
 TASKS = ["pose", "seg", "matting", "normal", "pointmap"]
 SIZE = (128, 96)

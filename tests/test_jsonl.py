@@ -12,8 +12,7 @@ import numpy as np
 import pytest
 
 from pipeline.sinks.jsonl import JsonlError, KeypointWriter
-from pipeline.sinks import StreamInfo
-from stages.types import Detections, Frame, FrameResult, Keypoints
+from stages.types import Detections, Frame, FrameResult, Keypoints, StreamInfo
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -15,8 +15,7 @@ import numpy as np
 import pytest
 
 from pipeline.sinks.publisher import ZmqPublisher
-from pipeline.sinks import StreamInfo
-from stages.types import Detections, Frame, FrameResult, Keypoints
+from stages.types import Detections, Frame, FrameResult, Keypoints, StreamInfo
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 
 from pipeline.sinks.recorder import RecorderError, VideoRecorder
-from pipeline.sinks import StreamInfo
-from stages.types import Frame, FrameResult
+from stages.types import Frame, FrameResult, StreamInfo
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -161,8 +160,8 @@ def test_falls_back_to_mpeg4_when_libx264_is_missing(tmp_path: Path, monkeypatch
 def test_recording_a_live_source_with_drops(tmp_path: Path) -> None:
     import time
 
-    from pipeline.sources.demo import SyntheticCamera
     from pipeline.sources import Source
+    from pipeline.sources.demo import SyntheticCamera
 
     camera = SyntheticCamera(fps=300.0)
     path = tmp_path / "live.mp4"

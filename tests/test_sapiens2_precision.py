@@ -9,8 +9,14 @@ import torch
 from torch import nn
 
 from stages.sapiens2 import load_model
-from stages.sapiens2.estimators import (Matter, NonFiniteOutputError, NormalEstimator, PointmapEstimator,
-                                        PoseEstimator, Segmenter)
+from stages.sapiens2.estimators import (
+    Matter,
+    NonFiniteOutputError,
+    NormalEstimator,
+    PointmapEstimator,
+    PoseEstimator,
+    Segmenter,
+)
 from stages.sapiens2.model import LayerScale, RMSNorm, Sapiens2
 from stages.sapiens2.tiny import make_tiny, random_init, tiny_config, write_checkpoint
 from stages.sapiens2.weights import parse_dtype

@@ -14,8 +14,8 @@ import cv2
 import numpy as np
 import pytest
 
-from pipeline.sources.demo import SyntheticCamera
 from pipeline.sources import Source, SourceEnded, SourceError, open_source
+from pipeline.sources.demo import SyntheticCamera
 from stages.types import Frame
 
 pytestmark = pytest.mark.timeout(30)

@@ -10,9 +10,8 @@ import pytest
 
 from pipeline.net.broker import Broker, BrokerError
 from pipeline.sinks.publisher import ZmqPublisher
-from pipeline.sinks import StreamInfo
 from sapiens2_client.subscriber import KeypointsMessage, ReceiveTimeout, Subscriber
-from stages.types import Detections, Frame, FrameResult, Keypoints
+from stages.types import Detections, Frame, FrameResult, Keypoints, StreamInfo
 
 
 def _result(source: str, i: int) -> FrameResult:

@@ -11,9 +11,8 @@ import pytest
 
 from pipeline.net.commands import make_keys
 from pipeline.sinks.publisher import CurveServerKeys, PublishError, ZmqPublisher
-from pipeline.sinks import StreamInfo
 from sapiens2_client.subscriber import CurveClientKeys, KeypointsMessage, ReceiveTimeout, Subscriber
-from stages.types import Detections, Frame, FrameResult, Keypoints
+from stages.types import Detections, Frame, FrameResult, Keypoints, StreamInfo
 
 
 def _result(i: int) -> FrameResult:

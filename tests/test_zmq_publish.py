@@ -12,9 +12,8 @@ import numpy as np
 import pytest
 import zmq
 
-from sapiens2_client import wire
 from pipeline.sinks.publisher import PublishError, ZmqPublisher
-from pipeline.sinks import StreamInfo
+from sapiens2_client import wire
 from sapiens2_client.subscriber import (
     FrameMessage,
     KeypointsMessage,
@@ -24,7 +23,7 @@ from sapiens2_client.subscriber import (
     StatusMessage,
     Subscriber,
 )
-from stages.types import Detections, Frame, FrameResult, Keypoints, Matte
+from stages.types import Detections, Frame, FrameResult, Keypoints, Matte, StreamInfo
 
 H, W = 48, 64
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "WIRE.md"

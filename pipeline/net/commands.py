@@ -21,10 +21,9 @@ from typing import Any
 import av
 import zmq.auth
 
-from sapiens2_client import wire
 from pipeline.net.broker import DEFAULT_XPUB, DEFAULT_XSUB, Broker, BrokerError
 from pipeline.sinks.recorder import RecorderError, VideoRecorder
-from pipeline.sinks import StreamInfo
+from sapiens2_client import wire
 from sapiens2_client.subscriber import (
     DEFAULT_ENDPOINT,
     CurveClientKeys,
@@ -34,7 +33,7 @@ from sapiens2_client.subscriber import (
     StatusMessage,
     Subscriber,
 )
-from stages.types import Frame, FrameResult
+from stages.types import Frame, FrameResult, StreamInfo
 
 
 def add_net_commands(subparsers: argparse._SubParsersAction) -> None:

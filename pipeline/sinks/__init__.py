@@ -7,24 +7,9 @@ so that recordings and files are finalised.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from fractions import Fraction
 from typing import Protocol
 
-from stages.types import FrameResult
-
-
-@dataclass(frozen=True)
-class StreamInfo:
-    """Facts about a stream known when it opens."""
-
-    source_id: str
-    width: int
-    height: int
-    fps: float | None  # nominal frame rate; None when unknown (live sources may not say)
-    time_base: Fraction | None
-    live: bool
-    random_weights: bool = False
+from stages.types import FrameResult, StreamInfo
 
 
 class Sink(Protocol):

@@ -22,8 +22,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from pipeline.sinks import StreamInfo
-from stages.types import FrameResult
+from stages.types import FrameResult, StreamInfo
 
 log = logging.getLogger(__name__)
 

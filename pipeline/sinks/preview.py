@@ -6,9 +6,7 @@ import threading
 
 import cv2
 
-from stages.types import FrameResult
-
-from . import StreamInfo
+from stages.types import FrameResult, StreamInfo
 
 
 class PreviewWindow:

@@ -29,8 +29,7 @@ import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
 from sapiens2_client import wire
-from pipeline.sinks import StreamInfo
-from stages.types import FrameResult
+from stages.types import FrameResult, StreamInfo
 
 log = logging.getLogger(__name__)
 

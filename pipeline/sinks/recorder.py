@@ -16,8 +16,7 @@ import av
 import cv2
 import numpy as np
 
-from pipeline.sinks import StreamInfo
-from stages.types import Frame, FrameResult
+from stages.types import Frame, FrameResult, StreamInfo
 
 log = logging.getLogger(__name__)
 

@@ -38,8 +38,7 @@ from pipeline.sources.readers import (
     open_file,
     open_network,
 )
-from pipeline.sinks import StreamInfo
-from stages.types import Frame
+from stages.types import Frame, StreamInfo
 
 log = logging.getLogger(__name__)
 

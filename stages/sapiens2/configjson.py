@@ -7,7 +7,15 @@ from typing import Any
 
 from torch import Tensor
 
-from .config import ARCHITECTURES, BACKBONES, DEFAULT_NUM_LABELS, TASK_ARCHITECTURE, ConfigError, HeadConfig, Sapiens2Config
+from .config import (
+    ARCHITECTURES,
+    BACKBONES,
+    DEFAULT_NUM_LABELS,
+    TASK_ARCHITECTURE,
+    ConfigError,
+    HeadConfig,
+    Sapiens2Config,
+)
 from .remap import PREDICTOR
 
 _INT_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")

@@ -22,8 +22,7 @@ from ..types import Keypoints, Matte
 from .config import check_image_size
 from .fastpath import FastPath, attention_context, compile_model
 from .model import Sapiens2
-from .postprocess import (composite, decode_pose, flip_back, matting_maps, normal_maps, pointmaps,
-                          seg_classes)
+from .postprocess import composite, decode_pose, flip_back, matting_maps, normal_maps, pointmaps, seg_classes
 from .preprocess import crop_persons, resize_full, resize_pad, to_device_image
 from .weights import load_model
 
