@@ -71,7 +71,6 @@ def phase_pipeline(ctx: Ctx) -> None:
     from pipeline.stages_setup import Stages
     from sapiens2_client.subscriber import ReceiveTimeout, Subscriber
     from stages.sapiens2.estimators import PoseEstimator, Segmenter
-    from stages.sapiens2.fastpath import warmup
 
     h, w = ctx.frame
     yolo, why = _yolo(ctx)
@@ -86,8 +85,8 @@ def phase_pipeline(ctx: Ctx) -> None:
             "delivers up to 240 fps and drops frames the pipeline has no time for (it never queues them).\n")
     pose = PoseEstimator(ctx.ckpts["pose"], device=ctx.device, dtype=ctx.dtype, input_size=ctx.size)
     seg = Segmenter(ctx.ckpts["seg"], device=ctx.device, dtype=ctx.dtype, input_size=ctx.size)
-    warmup(pose, 4)
-    warmup(seg)
+    pose.warmup(4)
+    seg.warmup()
     if yolo is not None:
         yolo.detect(np.zeros((h, w, 3), np.uint8))
     rows = []

@@ -11,7 +11,7 @@ import torch
 
 from stages.detector import Detector, DetectorError, FullFrameDetector, PersonDetector
 from stages.sapiens2.estimators import ESTIMATORS
-from stages.sapiens2.fastpath import FastPath, warmup
+from stages.sapiens2.fastpath import FastPath
 from stages.sapiens2.tiny import make_tiny
 from stages.sapiens2.weights import CheckpointError, load_model
 
@@ -100,7 +100,7 @@ def warm_up(estimators: dict, cfg: RunConfig, device: torch.device) -> dict[str,
     happen here instead of stalling the stream. Skipped on CPU without compile (nothing to gain)."""
     if cfg.compile == "off" and device.type != "cuda":
         return {}
-    seconds = {task: warmup(est, cfg.max_persons) for task, est in estimators.items()}
+    seconds = {task: est.warmup(cfg.max_persons) for task, est in estimators.items()}
     what = "compile warm-up" if cfg.compile != "off" else "warm-up"
     log.info("%s %.1f s (%s)", what, sum(seconds.values()), ", ".join(f"{t} {s:.1f} s" for t, s in seconds.items()))
     return seconds

@@ -20,8 +20,9 @@ from sapiens2_client import wire
 from sapiens2_client.subscriber import FrameMessage, ReceiveTimeout, Subscriber
 from stages.sapiens2 import fastpath as fastpath_mod
 from stages.sapiens2 import load_model
-from stages.sapiens2.estimators import BATCH_BUCKETS, ESTIMATORS
-from stages.sapiens2.fastpath import FastPath, warmup, warmup_batches
+from stages.sapiens2.buckets import BATCH_BUCKETS
+from stages.sapiens2.estimators import ESTIMATORS
+from stages.sapiens2.fastpath import FastPath
 from stages.sapiens2.tiny import make_tiny
 from stages.types import Detections, Frame, FrameResult, StreamInfo
 
@@ -94,7 +95,7 @@ def test_pose_without_buckets_runs_the_exact_count_and_matches(tiny_dirs):
         # peaks from batch-size rounding alone, so the heatmaps are compared.
         torch.testing.assert_close(exact.infer(crops_exact, 3), padded.infer(crops_padded, 3), rtol=1e-4, atol=1e-5)
     assert exact.predict(image, boxes).xy.shape == (3, 308, 2)
-    assert warmup_batches(exact, 5) == [1, 2, 3, 4, 5] and warmup_batches(padded, 5) == [1, 2, 4, 8]
+    assert exact.warmup_batches(5) == [1, 2, 3, 4, 5] and padded.warmup_batches(5) == [1, 2, 4, 8]
 
 
 def test_cuda_only_choices_fall_back_on_cpu_with_one_warning(tiny_dirs, caplog):
@@ -154,9 +155,9 @@ def test_fastpath_rejects_unknown_values(kwargs, key):
 
 def test_warmup_runs_every_bucket(tiny_dirs):
     pose = _estimator(tiny_dirs["pose"], "pose")
-    assert warmup_batches(pose, 8) == [1, 2, 4, 8] and warmup_batches(pose, 40) == [*BATCH_BUCKETS, 32, 48]
-    assert warmup_batches(_estimator(tiny_dirs["seg"], "seg"), 8) == [1]
-    assert warmup(pose, max_batch=2) > 0
+    assert pose.warmup_batches(8) == [1, 2, 4, 8] and pose.warmup_batches(40) == [*BATCH_BUCKETS, 32, 48]
+    assert _estimator(tiny_dirs["seg"], "seg").warmup_batches(8) == [1]
+    assert pose.warmup(max_batch=2) > 0
 
 
 def test_compile_matches_eager(tmp_path):
@@ -165,7 +166,7 @@ def test_compile_matches_eager(tmp_path):
     compiled = _estimator(folder, "pose", FastPath(compile="default"))
     pixels = _pixels(eager)[:1]
     assert isinstance(compiled._forward, torch._dynamo.eval_frame.OptimizedModule)
-    seconds = warmup(compiled, max_batch=1)  # compiles the one shape used below
+    seconds = compiled.warmup(max_batch=1)  # compiles the one shape used below
     assert seconds > 0
     graphs = dict(torch._dynamo.utils.counters["stats"])
     got = _outputs(compiled, pixels)[0]

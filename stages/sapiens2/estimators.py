@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from ..types import Keypoints, Matte
+from .buckets import bucket, bucket_sizes
 from .config import check_image_size
 from .fastpath import FastPath, attention_context, compile_model
 from .model import Sapiens2
@@ -27,7 +29,6 @@ from .preprocess import crop_persons, resize_full, resize_pad, to_device_image
 from .weights import load_model
 
 log = logging.getLogger(__name__)
-BATCH_BUCKETS = (1, 2, 4, 8, 16)
 
 
 class NonFiniteOutputError(RuntimeError):
@@ -39,15 +40,6 @@ def check_finite(tensor: Tensor, stage: str) -> None:
         raise NonFiniteOutputError(
             f"{stage}: the model produced non-finite values (NaN/Inf); try --dtype bfloat16 or float32"
         )
-
-
-def bucket(n: int, buckets: tuple[int, ...] = BATCH_BUCKETS) -> int:
-    """Smallest bucket holding n (multiples of the largest beyond it): few distinct shapes on the GPU."""
-    for b in buckets:
-        if n <= b:
-            return b
-    top = buckets[-1]
-    return -(-n // top) * top
 
 
 class _Estimator:
@@ -89,6 +81,34 @@ class _Estimator:
             # references past it, so hand out copies.
             maps, scale = maps.clone(), None if scale is None else scale.clone()
         return maps, scale
+
+    def warmup_batches(self, max_batch: int) -> list[int]:
+        """Batch sizes this estimator will see in a stream of up to ``max_batch`` persons."""
+        return [1]
+
+    def _warmup_once(self, image: Tensor, batch: int) -> None:
+        self.infer(self.preprocess(image))
+
+    @torch.inference_mode()
+    def warmup(self, max_batch: int = 8) -> float:
+        """Run every input shape once (three times under CUDA graphs: warm-up, record, replay), on
+        the current stream: call it on the stream that will replay the graphs.
+
+        Returns the seconds it took: with ``compile`` on, that is the compile cost a stream would
+        otherwise pay on its first frames. Outputs are discarded.
+        """
+        h, w = self.input_size
+        image = self.image_tensor(np.zeros((h, w, 3), np.uint8))  # (3, H, W), laid out as real frames
+        runs = 3 if self.fastpath.cuda_graphs else 1
+        start = time.perf_counter()
+        for batch in self.warmup_batches(max_batch):
+            for _ in range(runs):
+                self._warmup_once(image, batch)
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+        seconds = time.perf_counter() - start
+        log.info("%s warm-up (%s) %.1f s", self.task, self.fastpath.describe(), seconds)
+        return seconds
 
 
 class PoseEstimator(_Estimator):
@@ -132,6 +152,15 @@ class PoseEstimator(_Estimator):
             b = crops.shape[0]
             heatmaps = (heatmaps[:b] + flip_back(heatmaps[b:], self.flip_pairs)) / 2
         return heatmaps[:n]
+
+    def warmup_batches(self, max_batch: int) -> list[int]:
+        """Every bucket up to max_batch persons (every person count when buckets are off)."""
+        return bucket_sizes(max_batch) if self.buckets else list(range(1, max(1, max_batch) + 1))
+
+    def _warmup_once(self, image: Tensor, batch: int) -> None:
+        h, w = image.shape[1:]
+        boxes = torch.tensor([[0.0, 0.0, w - 1.0, h - 1.0]], device=self.device).expand(batch, 4)
+        self.infer(self.preprocess(image, boxes), batch)
 
     def postprocess(self, heatmaps: Tensor, boxes: Tensor) -> tuple[Tensor, Tensor]:
         return decode_pose(heatmaps, boxes, self.input_size, self.blur_kernel, self.padding, self.max_refine_offset)

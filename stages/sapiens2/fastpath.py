@@ -2,7 +2,7 @@
 
     fp = FastPath(attention="flash", channels_last=True, compile="reduce-overhead")
     pose = PoseEstimator(model, fastpath=fp)
-    seconds = warmup(pose, max_batch=8)      # compiles/records every batch bucket once
+    seconds = pose.warmup(max_batch=8)       # compiles/records every batch bucket once
 
 - ``attention``: which scaled-dot-product-attention kernels the forward may use ("auto" lets PyTorch
   choose). A backend that cannot run this model here (CPU, unsupported head size, dtype or GQA) falls
@@ -11,7 +11,7 @@
   cores). ``None`` means on for CUDA, off for CPU.
 - ``compile``: ``torch.compile`` of the whole model forward with static shapes (the pose batch
   buckets keep the number of shapes small). "reduce-overhead" replays CUDA graphs. Opt-in: the
-  first call of every shape compiles, which :func:`warmup` does up front and times.
+  first call of every shape compiles, which the estimators' ``warmup()`` does up front and times.
 
 Fused QKV (one GEMM for q, k and v) is a load-time option (``load_model(fuse_qkv=...)``) and is
 reported here with the rest.
@@ -21,21 +21,15 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .model import Sapiens2
-
-if TYPE_CHECKING:
-    from .estimators import _Estimator
 
 log = logging.getLogger(__name__)
 
@@ -156,42 +150,5 @@ def compile_model(model: Sapiens2, mode: str,
     return torch.compile(model, mode=mode, dynamic=False)
 
 
-def warmup_batches(estimator: _Estimator, max_batch: int) -> list[int]:
-    """Batch sizes the estimator will see: every pose bucket up to max_batch (every person count
-    when buckets are off), else just 1."""
-    from .estimators import bucket
-
-    if estimator.task != "pose":
-        return [1]
-    counts = range(1, max(1, max_batch) + 1)
-    return sorted({bucket(n) for n in counts}) if estimator.buckets else list(counts)
-
-
-@torch.inference_mode()
-def warmup(estimator: _Estimator, max_batch: int = 8) -> float:
-    """Run every input shape once (three times under CUDA graphs: warm-up, record, replay).
-
-    Returns the seconds it took: with ``compile`` on, that is the compile cost a stream would
-    otherwise pay on its first frames. Outputs are discarded.
-    """
-    device = estimator.device
-    h, w = estimator.input_size
-    image = estimator.image_tensor(np.zeros((h, w, 3), np.uint8))  # (3, H, W), laid out as real frames
-    runs = 3 if estimator.fastpath.cuda_graphs else 1
-    start = time.perf_counter()
-    for batch in warmup_batches(estimator, max_batch):
-        for _ in range(runs):
-            if estimator.task == "pose":
-                boxes = torch.tensor([[0.0, 0.0, w - 1.0, h - 1.0]], device=device).expand(batch, 4)
-                estimator.infer(estimator.preprocess(image, boxes), batch)
-            else:
-                estimator.infer(estimator.preprocess(image))
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    seconds = time.perf_counter() - start
-    log.info("%s warm-up (%s) %.1f s", estimator.task, estimator.fastpath.describe(), seconds)
-    return seconds
-
-
 __all__ = ["ATTENTION_BACKENDS", "COMPILE_MODES", "FastPath", "attention_context", "compile_model",
-           "probe_attention", "warmup", "warmup_batches"]
+           "probe_attention"]
