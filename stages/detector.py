@@ -33,7 +33,6 @@ from stages.types import Detections
 log = logging.getLogger(__name__)
 
 _OFFLINE_ENV = ("YOLO_OFFLINE", "HF_HUB_OFFLINE")
-_TRUE = {"1", "true", "yes", "on", "y", "t"}
 PERSON_CLASS = 0
 
 
@@ -54,8 +53,11 @@ class Detector(Protocol):
 
 
 def is_offline() -> bool:
-    """True when the environment asks for no network (``YOLO_OFFLINE`` or ``HF_HUB_OFFLINE``)."""
-    return any(os.environ.get(name, "").strip().lower() in _TRUE for name in _OFFLINE_ENV)
+    """True when the environment asks for no network: ``YOLO_OFFLINE`` or ``HF_HUB_OFFLINE``, both
+    read as huggingface_hub reads its own flag (so the two never disagree)."""
+    from huggingface_hub.constants import ENV_VARS_TRUE_VALUES
+
+    return any(os.environ.get(name, "").upper() in ENV_VARS_TRUE_VALUES for name in _OFFLINE_ENV)
 
 
 def _check_image(image: np.ndarray) -> None:

@@ -7,8 +7,10 @@ into :class:`Sapiens2Config`; unknown architectures, missing or ill-typed fields
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
+
+from ..errors import ConfigError
 
 TASKS = ("pose", "seg", "matting", "normal", "pointmap")
 
@@ -22,10 +24,6 @@ ARCHITECTURES = {
 }
 TASK_ARCHITECTURE = {task: arch for arch, task in ARCHITECTURES.items()}
 DEFAULT_NUM_LABELS = {"pose": 308, "seg": 29, "matting": 4, "normal": 3, "pointmap": 3}
-
-
-class ConfigError(ValueError):
-    """A config.json (or config dict) that cannot describe a Sapiens2 model."""
 
 
 @dataclass
@@ -60,10 +58,6 @@ class HeadConfig:
     @property
     def has_scale(self) -> bool:
         return self.scale_conv_out_channels is not None
-
-    @property
-    def upsample_factor(self) -> int:
-        return 2 ** len(self.upsample_out_channels)
 
 
 @dataclass
@@ -116,11 +110,6 @@ class Sapiens2Config:
     @property
     def num_prefix_tokens(self) -> int:
         return 1 + self.num_register_tokens
-
-    def with_image_size(self, height: int, width: int) -> Sapiens2Config:
-        """Same weights, another input size (must be a multiple of the patch size)."""
-        check_image_size((height, width), self.patch_size)
-        return replace(self, image_size=(height, width))
 
 
 def check_image_size(size: tuple[int, int], patch_size: int = 16) -> None:

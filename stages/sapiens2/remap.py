@@ -91,7 +91,8 @@ def _rename_reference_key(key: str, task: str, pixel_shuffle: bool) -> str:
 
 
 def original_to_ours(sd: dict[str, Tensor], cfg: Sapiens2Config) -> dict[str, Tensor]:
-    """Published names -> our module names: predictor renamed, ignorable keys dropped, QKV fused."""
+    """Published names -> our (unfused) module names: predictor renamed, ignorable keys dropped.
+    ``fuse_qkv`` then fuses q/k/v when the model is built that way."""
     out: dict[str, Tensor] = {}
     predictor = f"decode_head.{PREDICTOR[cfg.task]}."
     for key, value in sd.items():
@@ -100,7 +101,7 @@ def original_to_ours(sd: dict[str, Tensor], cfg: Sapiens2Config) -> dict[str, Te
         if key.startswith(predictor):
             key = "decode_head.predictor." + key[len(predictor):]
         out[key] = value
-    return fuse_qkv(out, cfg) if cfg.fuse_qkv else out
+    return out
 
 
 def fuse_qkv(sd: dict[str, Tensor], cfg: Sapiens2Config) -> dict[str, Tensor]:

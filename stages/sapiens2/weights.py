@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -99,9 +100,8 @@ def resolve_hub(repo_id: str) -> Path:
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
-    offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
-    try:
-        return Path(snapshot_download(repo_id, allow_patterns=["*.json", "*.safetensors"], local_files_only=offline))
+    try:  # huggingface_hub honours HF_HUB_OFFLINE itself: offline, only the cache is looked at
+        return Path(snapshot_download(repo_id, allow_patterns=["*.json", "*.safetensors"]))
     except LocalEntryNotFoundError:
         raise CheckpointError(
             f"{repo_id}: weights are not in the Hugging Face cache and the hub cannot be reached (offline); run "
@@ -192,11 +192,10 @@ def load_model(
     dtype = parse_dtype(dtype, device)
     cfg, sd, meta, where = load_state(source, image_size)
     # Check against the unfused layout first so errors name the tensors as they are in the file.
-    cfg.fuse_qkv = False
     sd = original_to_ours(sd, cfg)
     with torch.device("meta"):
-        check_state(Sapiens2(cfg).state_dict(), sd, where)
-    cfg.fuse_qkv = fuse_qkv
+        check_state(Sapiens2(replace(cfg, fuse_qkv=False)).state_dict(), sd, where)
+    cfg = replace(cfg, fuse_qkv=fuse_qkv)
     if fuse_qkv:
         sd = fuse_qkv_weights(sd, cfg)
     with torch.device("meta"):
