@@ -97,6 +97,10 @@ class FrameEngine:
         self.kpt_threshold = kpt_threshold
         self.detect_every = detect_every
         self.smoother = smoother
+        # Frame.session of the last frame submitted / finished: a reopened source is a new stream,
+        # whose first frame resets tracks and carried boxes (at submit) and smoothing (at finish;
+        # frames finish in order, possibly after the next one was submitted).
+        self._submitted_session = self._finished_session = 0
         names = ("upload", "detect", "seg", "matting", "dense", "pose")
         graphs = [t for t, est in stages.estimators.items()
                   if getattr(getattr(est, "fastpath", None), "cuda_graphs", False)]
@@ -137,6 +141,9 @@ class FrameEngine:
     @torch.inference_mode()
     def submit(self, frame: Frame) -> Pending:
         st = self.stages
+        if frame.session != self._submitted_session:
+            self._submitted_session = frame.session
+            st.detector.reset()
         clock = Clock(self.device)
         with self._stream("upload"):
             clock.start("upload", self.streams.get("upload"))
@@ -194,6 +201,10 @@ class FrameEngine:
         """Wait for this frame's results and assemble the FrameResult."""
         host = pending.collect()
         frame, det = pending.frame, pending.detections
+        if frame.session != self._finished_session:
+            self._finished_session = frame.session
+            if self.smoother is not None:
+                self.smoother.reset()
         keypoints = None
         if "pose" in self.stages.estimators:
             if "pose.xy" in host:

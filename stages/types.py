@@ -39,6 +39,8 @@ class Frame:
 
     image: (H, W, 3) uint8 RGB. pts is in units of time_base (None when the source has no clock).
     capture_ns: wall clock (time.time_ns) when the frame was captured or decoded.
+    session: how often the source was reopened before this frame (a new session is a new stream:
+    tracks, smoothing and carried boxes restart).
     """
 
     index: int
@@ -47,6 +49,7 @@ class Frame:
     time_base: Fraction | None
     capture_ns: int
     source_id: str = "src"
+    session: int = 0
 
     def __post_init__(self) -> None:
         _check("Frame.image", self.image, (None, None, 3))

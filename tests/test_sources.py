@@ -245,6 +245,8 @@ def test_stalled_live_source_is_reopened(refuse_opens: bool) -> None:
             after = source.read(timeout=0.2)
         assert after is not None, "source did not come back after the camera resumed"
         assert after.index > before[-1].index
+        # Frames carry the session they were decoded in: the reopened stream is a new one.
+        assert {f.session for f in before} == {0} and after.session >= 1
         assert wait_for(lambda: source.health == "ok")
         assert source.reopens >= 1 and camera.opens >= 2
     assert source.health == "ended"

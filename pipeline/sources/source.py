@@ -28,9 +28,9 @@ from pipeline.sources.flow import Channel, Pacer, Terminal, open_with_timeout
 from pipeline.sources.readers import (
     IMAGE_SUFFIXES,
     NETWORK_SCHEMES,
-    Decoded,
     FrameReader,
     ImageReader,
+    RawFrame,
     SourceEnded,
     SourceError,
     image_paths,
@@ -83,7 +83,7 @@ class Source:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
-        self._pending: tuple[FrameReader, Decoded] | None = None
+        self._pending: tuple[FrameReader, RawFrame] | None = None
         self._info: StreamInfo | None = None
         self._frames_decoded = self._frames_dropped = self._frames_delivered = self._reopens = 0
         self._health = "starting"
@@ -198,34 +198,34 @@ class Source:
                 yield frame
 
     # -- threads --------------------------------------------------------------------------
-    def _open_reader(self) -> tuple[FrameReader, Decoded]:
+    def _open_reader(self) -> tuple[FrameReader, RawFrame]:
         return open_with_timeout(self._opener, label=self.label, timeout_s=self.open_timeout_s, stop=self._stop)
 
-    def _deliver(self, item: Decoded, abort: threading.Event) -> None:
+    def _deliver(self, item: RawFrame, abort: threading.Event) -> None:
         with self._lock:
             if abort.is_set():
                 return  # a stale session after a reopen; its frames are not ours any more
-            index = self._frames_decoded
+            index, session = self._frames_decoded, self._reopens
             self._frames_decoded += 1
             self._last_frame = time.monotonic()
             if self._health in ("stalled", "reconnecting", "starting"):
                 self._health = "ok"
-        frame = Frame(index, item.image, item.pts, item.time_base, time.time_ns(), self.source_id)
+        frame = Frame(index, item.image, item.pts, item.time_base, time.time_ns(), self.source_id, session)
         if self._channel.put(frame, lambda: abort.is_set() or self._stop.is_set()):
             with self._lock:
                 self._frames_dropped += 1
 
-    def _pump(self, reader: FrameReader, first: Decoded, abort: threading.Event) -> None:
+    def _pump(self, reader: FrameReader, first: RawFrame, abort: threading.Event) -> None:
         """Read until end of stream or abort; raises SourceError."""
         pacer = Pacer(reader.fps) if self.pace else None
-        item: Decoded | None = first
+        item: RawFrame | None = first
         while item is not None and not abort.is_set() and not self._stop.is_set():
             if pacer is not None and not pacer.wait(item, self._stop):
                 return
             self._deliver(item, abort)
             item = reader.read()
 
-    def _decode(self, reader: FrameReader, first: Decoded) -> None:
+    def _decode(self, reader: FrameReader, first: RawFrame) -> None:
         """Thread body for sources without reconnect: run to the end, then post the terminal."""
         error: SourceError | None = None
         try:
@@ -242,7 +242,7 @@ class Source:
             log.debug("%s", error)  # raised to the consumer by read(); the CLI prints it once
         self._channel.finish(Terminal(error))
 
-    def _supervise(self, reader: FrameReader, first: Decoded) -> None:
+    def _supervise(self, reader: FrameReader, first: RawFrame) -> None:
         """Thread body for live sources: run sessions, reopen on stall/error/end with backoff."""
         backoff = self.backoff_initial_s
         while not self._stop.is_set():
@@ -273,7 +273,7 @@ class Source:
                 return f"no frame for {self.stall_timeout_s:.1f} s (stalled)"
         return None
 
-    def _reopen(self, backoff: float) -> tuple[tuple[FrameReader, Decoded], float] | None:
+    def _reopen(self, backoff: float) -> tuple[tuple[FrameReader, RawFrame], float] | None:
         while not self._stop.wait(backoff):
             backoff = min(backoff * 2, self.backoff_max_s)
             try:
@@ -292,7 +292,7 @@ class Source:
 class _Session:
     """One open reader being pumped on its own thread; abandoned (not joined) when it stalls."""
 
-    def __init__(self, source: Source, reader: FrameReader, first: Decoded) -> None:
+    def __init__(self, source: Source, reader: FrameReader, first: RawFrame) -> None:
         self.reader = reader
         self.done = threading.Event()
         self.reason = "end of stream"
@@ -301,7 +301,7 @@ class _Session:
         source._last_frame = time.monotonic()
         threading.Thread(target=self._run, args=(first,), name=f"session-{source.source_id}", daemon=True).start()
 
-    def _run(self, first: Decoded) -> None:
+    def _run(self, first: RawFrame) -> None:
         try:
             self._source._pump(self.reader, first, self._abort)
         except SourceError as exc:
