@@ -14,13 +14,9 @@ from typing import Any
 
 import yaml
 
+from stages.errors import ConfigError
 from stages.sapiens2.config import TASKS
 from stages.sapiens2.fastpath import ATTENTION_BACKENDS, COMPILE_MODES
-
-
-class ConfigError(ValueError):
-    """A config file or flag value that cannot be used."""
-
 
 RECORD_CODECS = ("libx264", "h264", "mpeg4", "h264_nvenc", "hevc_nvenc")  # as pipeline.sinks.recorder accepts them
 AUTO_KEYS = ("channels_last",)  # bool-or-null keys where "auto" (or null) means: decided by the device

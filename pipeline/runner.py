@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from sapiens2_client.timing import RateMeter
 from stages.annotate import Annotator
 from stages.types import FrameResult, StreamInfo
 
@@ -28,15 +29,17 @@ _JOIN_S = 30.0
 
 @dataclass
 class RunStats:
-    frames: int = 0
-    started: float = field(default_factory=time.perf_counter)
+    rate: RateMeter = field(default_factory=RateMeter)  # frames through the sinks
     latency_ms: list[float] = field(default_factory=list)  # capture -> sinks written
     error: BaseException | None = None
 
     @property
+    def frames(self) -> int:
+        return self.rate.total
+
+    @property
     def fps(self) -> float:
-        elapsed = time.perf_counter() - self.started
-        return self.frames / elapsed if elapsed > 0 else 0.0
+        return self.rate.overall
 
 
 class SinkWorker(threading.Thread):
@@ -73,7 +76,7 @@ class SinkWorker(threading.Thread):
         result.latency_ms["annotate"] = (time.perf_counter() - t0) * 1000.0
         for sink in self.sinks:
             sink.write(result)
-        self.stats.frames += 1
+        self.stats.rate.tick()
         self.stats.latency_ms.append((time.time_ns() - result.frame.capture_ns) / 1e6)
         if self.on_result is not None:
             self.on_result(result)

@@ -13,10 +13,10 @@ import threading
 
 import zmq
 
+from sapiens2_client.wire import BROKER_XPUB, BROKER_XSUB
+
 log = logging.getLogger(__name__)
 
-DEFAULT_XSUB = "tcp://127.0.0.1:5556"  # publishers connect here
-DEFAULT_XPUB = "tcp://127.0.0.1:5555"  # subscribers connect here
 
 
 class BrokerError(RuntimeError):
@@ -32,8 +32,8 @@ class Broker:
 
     def __init__(
         self,
-        xsub: str = DEFAULT_XSUB,
-        xpub: str = DEFAULT_XPUB,
+        xsub: str = BROKER_XSUB,
+        xpub: str = BROKER_XPUB,
         *,
         hwm: int = 1000,
         linger_ms: int = 200,

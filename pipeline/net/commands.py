@@ -21,11 +21,10 @@ from typing import Any
 import av
 import zmq.auth
 
-from pipeline.net.broker import DEFAULT_XPUB, DEFAULT_XSUB, Broker, BrokerError
+from pipeline.net.broker import Broker, BrokerError
 from pipeline.sinks.recorder import RecorderError, VideoRecorder
 from sapiens2_client import wire
 from sapiens2_client.subscriber import (
-    DEFAULT_ENDPOINT,
     CurveClientKeys,
     FrameMessage,
     KeypointsMessage,
@@ -39,7 +38,7 @@ from stages.types import Frame, FrameResult, StreamInfo
 def add_net_commands(subparsers: argparse._SubParsersAction) -> None:
     """Register the subscribe, keys and broker subcommands."""
     p = subparsers.add_parser("subscribe", help="print, record or show a published stream")
-    p.add_argument("--endpoint", default=DEFAULT_ENDPOINT, help="publisher or broker endpoint")
+    p.add_argument("--endpoint", default=wire.DEFAULT_ENDPOINT, help="publisher or broker endpoint")
     p.add_argument("--topic", action="append", help="topic prefix (repeatable; default keypoints)")
     p.add_argument("--source", action="append", help="keep only this source id (repeatable)")
     p.add_argument("--json", action="store_true", help="print JSON lines instead of text")
@@ -59,8 +58,8 @@ def add_net_commands(subparsers: argparse._SubParsersAction) -> None:
     k.set_defaults(func=cmd_keys)
 
     b = subparsers.add_parser("broker", help="XSUB/XPUB proxy: many publishers, many subscribers")
-    b.add_argument("--xsub", default=DEFAULT_XSUB, help="endpoint publishers connect to")
-    b.add_argument("--xpub", default=DEFAULT_XPUB, help="endpoint subscribers connect to")
+    b.add_argument("--xsub", default=wire.BROKER_XSUB, help="endpoint publishers connect to")
+    b.add_argument("--xpub", default=wire.BROKER_XPUB, help="endpoint subscribers connect to")
     b.set_defaults(func=cmd_broker)
 
 

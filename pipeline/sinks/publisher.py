@@ -29,11 +29,10 @@ import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
 from sapiens2_client import wire
+from sapiens2_client.timing import RateMeter
 from stages.types import FrameResult, StreamInfo
 
 log = logging.getLogger(__name__)
-
-DEFAULT_ENDPOINT = "tcp://127.0.0.1:5555"
 
 
 class PublishError(RuntimeError):
@@ -83,7 +82,7 @@ class ZmqPublisher:
 
     def __init__(
         self,
-        endpoint: str = DEFAULT_ENDPOINT,
+        endpoint: str = wire.DEFAULT_ENDPOINT,
         *,
         connect: bool = False,
         header_format: str = "msgpack",
@@ -122,9 +121,7 @@ class ZmqPublisher:
         self._last_index = -1
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._window = (time.monotonic(), 0)  # (start, frames) of the current fps window
-        self._fps = 0.0
-        self._started = time.monotonic()
+        self._rate = RateMeter(max(status_interval_s, 0.5))  # published frames per second
 
     # -- Sink protocol ------------------------------------------------------------------------
     def open(self, info: StreamInfo) -> None:
@@ -159,8 +156,7 @@ class ZmqPublisher:
                 f"cannot {verb} {self.requested_endpoint}: {e}; choose another endpoint (e.g. tcp://127.0.0.1:*)"
             ) from e
         self._health = "ok"
-        self._started = time.monotonic()
-        self._window = (self._started, 0)
+        self._rate = RateMeter(max(self.status_interval_s, 0.5))
         self._thread = threading.Thread(target=self._status_loop, name="zmq-status", daemon=True)
         self._thread.start()
         log.info("publishing %s on %s", info.source_id, self.endpoint)
@@ -212,7 +208,7 @@ class ZmqPublisher:
         with self._lock:
             for kind, frames in encoded:
                 self._send(kind, frames)
-            self._count_fps()
+            self._rate.tick()
 
     def close(self) -> None:
         """Stop the status thread, send a last status, close sockets with bounded linger."""
@@ -321,15 +317,6 @@ class ZmqPublisher:
         own = {f"publish_{k}": int(v) for k, v in self.stats.dropped.items()}
         return {**{str(k): int(v) for k, v in self._pipeline_drops.items()}, **own}
 
-    def _count_fps(self) -> None:
-        start, n = self._window
-        now = time.monotonic()
-        n += 1
-        if now - start >= max(self.status_interval_s, 0.5):
-            self._fps = n / (now - start)
-            start, n = now, 0
-        self._window = (start, n)
-
     def _publish_status(self) -> None:
         info = self._info
         if self._sock is None or info is None:
@@ -338,17 +325,14 @@ class ZmqPublisher:
         topic = wire.topic_for("status", info.source_id)
         if not self._is_subscribed(topic):
             return
-        start, n = self._window
-        since = time.monotonic() - start
-        fps = self._fps if since < 2 * max(self.status_interval_s, 0.5) else n / since
         fields = {
-            "fps": float(fps),
+            "fps": float(self._rate.rate),
             "health": self._health,
             "frames": self.stats.frames,
             "last_frame_index": self._last_index,
             "drops": self._all_drops(),
             "sent": dict(self.stats.sent),
-            "uptime_s": time.monotonic() - self._started,
+            "uptime_s": time.monotonic() - self._rate.started,
             "width": info.width,
             "height": info.height,
             "nominal_fps": info.fps,

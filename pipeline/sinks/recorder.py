@@ -16,6 +16,7 @@ import av
 import cv2
 import numpy as np
 
+from sapiens2_client.timing import time_base_for_fps
 from stages.types import Frame, FrameResult, StreamInfo
 
 log = logging.getLogger(__name__)
@@ -132,7 +133,7 @@ class VideoRecorder:
         height, width = image.shape[:2]
         out_w, out_h = width + width % 2, height + height % 2
         fps = self.fps or (self._info.fps if self._info and self._info.fps else None) or 30.0
-        rate = Fraction(fps).limit_denominator(1001)
+        rate = 1 / time_base_for_fps(fps)
         codec = None
         for name in _FALLBACKS[self.requested_codec]:
             tb = _MPEG4_TIME_BASE if name == "mpeg4" else _FINE_TIME_BASE

@@ -21,7 +21,8 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from pipeline.sources.readers import Decoded, SourceError
+from pipeline.sources.readers import RawFrame, SourceError
+from sapiens2_client.timing import time_base_for_fps
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +57,7 @@ class DemoReader:
             self._photos.append(np.ascontiguousarray(bgr[:, :, ::-1]))
         self.width, self.height = width, height
         self.fps: float | None = fps
-        self.time_base: Fraction | None = 1 / Fraction(fps).limit_denominator(1001)
+        self.time_base: Fraction | None = time_base_for_fps(fps)
         self.num_frames = max(1, round(seconds * fps))
         self._per_photo = -(-self.num_frames // len(self._photos))  # ceil
         self._next = 0
@@ -95,12 +96,12 @@ class DemoReader:
                        borderMode=cv2.BORDER_TRANSPARENT)
         return canvas
 
-    def read(self) -> Decoded | None:
+    def read(self) -> RawFrame | None:
         if self._next >= self.num_frames:
             return None
         index = self._next
         self._next += 1
-        return Decoded(self._render(index), index, self.time_base)
+        return RawFrame(self._render(index), index, self.time_base)
 
     def close(self) -> None:
         self._next = self.num_frames
@@ -150,12 +151,12 @@ class SyntheticReader:
     def __init__(self, camera: SyntheticCamera) -> None:
         self._camera = camera
         self.fps: float | None = camera.fps
-        self.time_base: Fraction | None = 1 / Fraction(camera.fps).limit_denominator(1000)
+        self.time_base: Fraction | None = time_base_for_fps(camera.fps)
         self._count = 0
         self._start = time.monotonic()
         self._closed = threading.Event()
 
-    def read(self) -> Decoded | None:
+    def read(self) -> RawFrame | None:
         while self._camera.stalled:  # a hung device: block until resumed or interrupted
             if self._closed.wait(0.005):
                 return None
@@ -169,7 +170,7 @@ class SyntheticReader:
         image = np.full((cam.height, cam.width, 3), self._count % 256, dtype=np.uint8)
         pts = self._count
         self._count += 1
-        return Decoded(image, pts, self.time_base)
+        return RawFrame(image, pts, self.time_base)
 
     def interrupt(self) -> None:
         """Unblock a pending ``read`` from another thread (it then returns None)."""

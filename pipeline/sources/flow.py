@@ -9,7 +9,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable
 
-from pipeline.sources.readers import Decoded, FrameReader, SourceError
+from pipeline.sources.readers import FrameReader, RawFrame, SourceError
 from stages.types import Frame
 
 log = logging.getLogger(__name__)
@@ -79,7 +79,7 @@ class Pacer:
         self._anchor: tuple[float, float] | None = None  # (wall, media seconds)
         self._count = 0
 
-    def wait(self, item: Decoded, stop: threading.Event) -> bool:
+    def wait(self, item: RawFrame, stop: threading.Event) -> bool:
         """Sleep until ``item`` is due; False when stopped meanwhile."""
         if item.pts is not None and item.time_base is not None:
             media = float(item.pts * item.time_base)
@@ -99,7 +99,7 @@ class Pacer:
 
 def open_with_timeout(
     opener: Callable[[], FrameReader], *, label: str, timeout_s: float, stop: threading.Event
-) -> tuple[FrameReader, Decoded]:
+) -> tuple[FrameReader, RawFrame]:
     """Open a reader and decode its first frame within ``timeout_s``; raises SourceError.
 
     The work runs on a helper thread so a hung open (PyAV timeouts are best effort) cannot hang

@@ -19,6 +19,8 @@ import av
 import cv2
 import numpy as np
 
+from sapiens2_client.timing import time_base_for_fps
+
 log = logging.getLogger(__name__)
 
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp"})
@@ -34,7 +36,7 @@ class SourceEnded(Exception):
 
 
 @dataclass
-class Decoded:
+class RawFrame:
     """One decoded picture before the Source stamps it into a Frame.
 
     image: (H, W, 3) uint8 RGB; pts in units of time_base (None when the reader has no clock).
@@ -51,7 +53,7 @@ class FrameReader(Protocol):
     fps: float | None
     time_base: Fraction | None
 
-    def read(self) -> Decoded | None: ...
+    def read(self) -> RawFrame | None: ...
 
     def close(self) -> None: ...
 
@@ -95,7 +97,7 @@ class PyAVReader:
         self._decoded = 0
         self._frames = self._container.decode(stream)
 
-    def read(self) -> Decoded | None:
+    def read(self) -> RawFrame | None:
         try:
             frame = next(self._frames)
         except StopIteration:
@@ -109,7 +111,7 @@ class PyAVReader:
             raise SourceError(f"{self.label}: decoding failed after {self._decoded} frames ({exc}); {self._hint}") from exc
         self._decoded += 1
         image = frame.to_ndarray(format="rgb24")
-        return Decoded(image, frame.pts, frame.time_base or self.time_base)
+        return RawFrame(image, frame.pts, frame.time_base or self.time_base)
 
     def close(self) -> None:
         container, self._container = getattr(self, "_container", None), None
@@ -173,10 +175,10 @@ class ImageReader:
         self.label = label
         self._paths = list(paths)
         self.fps: float | None = fps
-        self.time_base: Fraction | None = Fraction(1, 1) / Fraction(fps).limit_denominator(1000)
+        self.time_base: Fraction | None = time_base_for_fps(fps)
         self._next = 0
 
-    def read(self) -> Decoded | None:
+    def read(self) -> RawFrame | None:
         if self._next >= len(self._paths):
             return None
         path = self._paths[self._next]
@@ -185,7 +187,7 @@ class ImageReader:
             raise SourceError(f"{self.label}: cannot decode image {str(path)!r}; it is corrupt or not an image")
         pts = self._next
         self._next += 1
-        return Decoded(np.ascontiguousarray(bgr[:, :, ::-1]), pts, self.time_base)
+        return RawFrame(np.ascontiguousarray(bgr[:, :, ::-1]), pts, self.time_base)
 
     def close(self) -> None:
         self._next = len(self._paths)

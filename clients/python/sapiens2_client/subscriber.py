@@ -25,7 +25,6 @@ from sapiens2_client.wire import FrameMeta, MessageTooLarge, SchemaVersionError,
 
 log = logging.getLogger(__name__)
 
-DEFAULT_ENDPOINT = "tcp://127.0.0.1:5555"
 _UNSET: Any = object()
 _DRAIN_LIMIT = 10_000  # bounded drain so a flood cannot keep recv() busy forever
 
@@ -169,7 +168,7 @@ class Subscriber:
 
     def __init__(
         self,
-        endpoint: str = DEFAULT_ENDPOINT,
+        endpoint: str = wire.DEFAULT_ENDPOINT,
         topics: Sequence[str] = ("keypoints",),
         *,
         sources: Sequence[str] | None = None,

@@ -28,6 +28,11 @@ ENCODINGS = ("raw", "jpeg", "png")
 # Only plain numeric dtypes may cross the wire (never object arrays).
 RAW_DTYPES = frozenset({"|u1", "|i1", "<u2", "<i2", "<u4", "<i4", "<u8", "<i8", "<f2", "<f4", "<f8"})
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+# Default endpoints (loopback): a pipeline publishes on DEFAULT_ENDPOINT; a broker takes publishers
+# on BROKER_XSUB and serves subscribers on BROKER_XPUB (distinct ports: both can run on one host).
+DEFAULT_ENDPOINT = "tcp://127.0.0.1:5555"
+BROKER_XSUB = "tcp://127.0.0.1:5556"
+BROKER_XPUB = "tcp://127.0.0.1:5557"
 _SOURCE_RE = re.compile(r"^[A-Za-z0-9_\-:]{1,64}$")
 
 
