@@ -15,87 +15,54 @@ import logging
 import signal
 import sys
 import threading
+import typing
 from typing import Any
 
 SUBCOMMANDS = ("run", "weights", "subscribe", "keys", "broker")
 log = logging.getLogger("sapiens2_stream")
 
 
-def _size(text: str) -> list[int]:
-    try:
-        h, w = (int(v) for v in text.lower().split("x"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected HEIGHTxWIDTH like 1024x768, got {text!r}") from None
-    return [h, w]
-
-
-def _checkpoint(text: str) -> tuple[str, str]:
-    task, sep, source = text.partition("=")
-    if not sep:
-        raise argparse.ArgumentTypeError(f"expected TASK=SOURCE like pose=./my-ckpt, got {text!r}")
-    return task, source
-
-
-def _auto_bool(text: str) -> bool | str:
-    value = {"on": True, "true": True, "off": False, "false": False, "auto": "auto"}.get(text.lower())
-    if value is None:
-        raise argparse.ArgumentTypeError(f"expected auto, on or off, got {text!r}")
-    return value
+def _flag_type(parse):
+    """argparse type from a config parser: its ValueError becomes argparse's one-line usage error."""
+    def convert(text: str):
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    convert.__name__ = parse.__name__.removeprefix("parse_")
+    return convert
 
 
 def add_run_args(p: argparse.ArgumentParser) -> None:
+    """One flag per RunConfig field, generated from the field's type and metadata (see pipeline.config).
+
+    Booleans get ``--x`` and ``--no-x``; dicts and lists of parsed items are repeatable; every flag
+    defaults to None, so a flag left out overrides nothing in the YAML file.
+    """
+    from .config import FIELDS, HINTS
+
     p.add_argument("--config", help="YAML config file; flags override its values")
-    a = p.add_argument
-    a("--source", help="webcam, webcam:N, /dev/videoN, a video file, rtsp/http/udp URL, image, folder, glob, demo")
-    a("--source-id", help="name of this stream in topics and files (default from the source)")
-    a("--realtime", action="store_const", const=True, help="pace a file at its own frame rate (live policy)")
-    a("--stall-timeout", dest="stall_timeout_s", type=float, help="seconds without frames before reopening")
-    a("--max-frames", type=int, help="stop after this many frames")
-    a("--tasks", help="comma list of pose,seg,matting,normal,pointmap")
-    a("--model-size", choices=["0.4b", "0.8b", "1b", "5b"])
-    a("--checkpoint", dest="checkpoints", action="append", type=_checkpoint, metavar="TASK=SOURCE",
-      help="checkpoint folder, .safetensors file or hub id for a task (repeatable)")
-    a("--fallback-tiny", action="store_const", const=True,
-      help="when weights cannot be had, run tiny RANDOM-weight checkpoints (outputs meaningless)")
-    a("--device", help="auto, cpu, cuda, cuda:N")
-    a("--dtype", choices=["auto", "float32", "bfloat16", "float16"])
-    a("--pose-input", type=_size, help="pose input HxW (multiple of 16), default 1024x768")
-    a("--dense-input", type=_size, help="seg/matting/normal/pointmap input HxW")
-    a("--flip-test", action="store_const", const=True, help="average with mirrored crops (2x pose cost)")
-    a("--no-fuse-qkv", dest="fuse_qkv", action="store_const", const=False, help="keep q/k/v GEMMs separate")
-    a("--attention", choices=["auto", "flash", "efficient", "cudnn", "math"],
-      help="SDPA kernels for attention (default auto; CUDA-only choices fall back to auto elsewhere)")
-    a("--channels-last", type=_auto_bool, metavar="{auto,on,off}",
-      help="decode heads in channels_last memory format (auto: on for CUDA)")
-    a("--compile", choices=["off", "default", "reduce-overhead", "max-autotune"],
-      help="torch.compile the models (reduce-overhead: CUDA graphs); compiles at start-up, logged")
-    a("--no-pose-buckets", dest="pose_buckets", action="store_const", const=False,
-      help="run pose on exactly the person count instead of padding to batch buckets 1/2/4/8/16")
-    a("--no-pinned-memory", dest="pinned_memory", action="store_const", const=False,
-      help="copy frames and results through pageable memory (blocking) instead of pinned buffers")
-    a("--detector", choices=["yolo", "full-frame"])
-    a("--detector-model", help="YOLO weights (.pt) or architecture (.yaml, random weights)")
-    a("--det-conf", type=float)
-    a("--max-persons", type=int)
-    a("--track", action="store_const", const=True, help="stable person ids (Ultralytics ByteTrack)")
-    a("--detect-every", type=int, help="run the detector every N frames, carry boxes in between")
-    a("--kpt-threshold", type=float)
-    a("--smooth", action="store_const", const=True, help="One-Euro smoothing per track id")
-    a("--record", help="write the annotated video here (.mp4)")
-    a("--save-keypoints", help="write one JSON line per frame here (.jsonl)")
-    a("--publish", help="ZeroMQ endpoint to publish on, e.g. tcp://127.0.0.1:5555")
-    a("--curve-dir", help="CURVE keys folder from `sapiens2-stream keys` (encrypt + authenticate)")
-    a("--jpeg-quality", type=int)
-    a("--gpu-jpeg", dest="gpu_jpeg", action="store_const", const=True,
-      help="JPEG-encode published frames on the GPU (nvJPEG) when CUDA is present, CPU otherwise")
-    a("--no-gpu-jpeg", dest="gpu_jpeg", action="store_const", const=False)
-    a("--record-codec", choices=["libx264", "h264", "mpeg4", "h264_nvenc", "hevc_nvenc"],
-      help="recording encoder; *_nvenc use the GPU's encoder and fall back to libx264, then mpeg4")
-    a("--matte-mode", choices=["composite", "replace"], help="how the matte puts people on the background")
-    a("--matte-background", help="R,G,B colour or an image file behind the person (with matting)")
-    a("--show", action="store_const", const=True, help="preview window")
-    a("--no-progress", dest="progress", action="store_const", const=False)
-    a("--log-level", choices=["debug", "info", "warning", "error"])
+    for name, f in FIELDS.items():
+        meta = f.metadata
+        if not meta.get("cli", True):
+            continue
+        flag = "--" + (meta.get("flag") or name.replace("_", "-"))
+        kwargs: dict[str, Any] = {"dest": name, "help": meta.get("help") or None, "default": None}
+        hint = HINTS[name]
+        if hint is bool:
+            kwargs["action"] = argparse.BooleanOptionalAction
+        else:
+            if meta.get("parse") is not None:
+                kwargs["type"] = _flag_type(meta["parse"])
+            elif hint in (int, float, int | None, float | None):
+                kwargs["type"] = next(t for t in (int, float) if t in typing.get_args(hint) or t is hint)
+            if meta.get("choices"):
+                kwargs["choices"] = meta["choices"]
+            else:
+                kwargs["metavar"] = meta.get("metavar") or flag[2:].replace("-", "_").upper()
+            if typing.get_origin(hint) is dict:
+                kwargs["action"] = "append"
+        p.add_argument(flag, **kwargs)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -118,10 +85,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def overrides_from(args: argparse.Namespace) -> dict[str, Any]:
-    skip = {"config", "command", "func"}
-    values = {k: v for k, v in vars(args).items() if k not in skip and v is not None}
-    if "checkpoints" in values:
-        values["checkpoints"] = dict(values["checkpoints"])
+    """The RunConfig keys given on the command line (repeatable KEY=VALUE flags collected into dicts)."""
+    from .config import FIELDS, HINTS
+
+    values = {k: v for k, v in vars(args).items() if k in FIELDS and v is not None}
+    for key, value in values.items():
+        if typing.get_origin(HINTS[key]) is dict:
+            values[key] = dict(value)
     return values
 
 

@@ -1,6 +1,9 @@
 """Run configuration: one typed dataclass, filled from a YAML file and then from CLI flags.
 
-Unknown keys and values of the wrong type fail with :class:`ConfigError` naming the key.
+Every field carries its help text (and, where it needs one, its flag spelling, choices or value
+parser) in its metadata; the CLI's run flags are generated from these fields, so a key and its
+flag cannot drift apart. Unknown keys and values of the wrong type fail with
+:class:`ConfigError` naming the key.
 """
 
 from __future__ import annotations
@@ -8,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,88 +22,141 @@ from stages.errors import ConfigError
 from stages.sapiens2.config import TASKS
 from stages.sapiens2.fastpath import ATTENTION_BACKENDS, COMPILE_MODES
 
+__all__ = ["ConfigError", "RunConfig", "load_config", "merge", "option"]
+
 RECORD_CODECS = ("libx264", "h264", "mpeg4", "h264_nvenc", "hevc_nvenc")  # as pipeline.sinks.recorder accepts them
+DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 AUTO_KEYS = ("channels_last",)  # bool-or-null keys where "auto" (or null) means: decided by the device
+
+
+def option(default: Any = dataclasses.MISSING, help: str = "", *, flag: str | None = None,
+           choices: typing.Sequence[str] | None = None, parse: Callable[[str], Any] | None = None,
+           metavar: str | None = None, cli: bool = True, factory: Callable[[], Any] | None = None) -> Any:
+    """A RunConfig field with what its command-line flag needs.
+
+    flag: the flag's name without dashes (default: the key with ``-`` for ``_``); parse: turns the
+    flag's text into the value (repeatable flags are collected by the field's type); cli=False:
+    YAML only.
+    """
+    meta = {"help": help, "flag": flag, "choices": choices, "parse": parse, "metavar": metavar, "cli": cli}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def parse_size(text: str) -> list[int]:
+    """``1024x768`` -> [1024, 768] (height, width)."""
+    try:
+        h, w = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise ValueError(f"expected HEIGHTxWIDTH like 1024x768, got {text!r}") from None
+    return [h, w]
+
+
+def parse_checkpoint(text: str) -> tuple[str, str]:
+    """``pose=./my-ckpt`` -> ("pose", "./my-ckpt")."""
+    task, sep, source = text.partition("=")
+    if not sep or not task or not source:
+        raise ValueError(f"expected TASK=SOURCE like pose=./my-ckpt, got {text!r}")
+    return task, source
+
+
+def parse_auto_bool(text: str) -> bool | str:
+    """``auto`` (the device decides; stored as None), ``on``/``off`` -> True/False."""
+    table = {"on": True, "true": True, "off": False, "false": False, "auto": "auto"}
+    if text.lower() not in table:
+        raise ValueError(f"expected auto, on or off, got {text!r}")
+    return table[text.lower()]
 
 
 @dataclass
 class RunConfig:
     # source
-    source: str = "webcam"
-    source_id: str | None = None
-    realtime: bool = False
-    stall_timeout_s: float = 5.0
-    max_frames: int | None = None
+    source: str = option("webcam", "webcam, webcam:N, /dev/videoN, a video file, rtsp/http/udp URL, image, "
+                                   "folder, glob, demo")
+    source_id: str | None = option(None, "name of this stream in topics and files (default from the source)")
+    realtime: bool = option(False, "pace a file at its own frame rate (live policy: newest frame wins)")
+    stall_timeout_s: float = option(5.0, "seconds without frames before a live source is reopened",
+                                    flag="stall-timeout")
+    max_frames: int | None = option(None, "stop after this many frames")
     # models
-    tasks: list[str] = field(default_factory=lambda: ["pose", "seg"])
-    model_size: str = "0.4b"
-    checkpoints: dict[str, str] = field(default_factory=dict)  # task -> folder, file or hub id
-    fallback_tiny: bool = False  # weights unavailable -> tiny RANDOM checkpoints (labelled as such)
-    device: str = "auto"
-    dtype: str = "auto"
-    pose_input: list[int] = field(default_factory=lambda: [1024, 768])
-    dense_input: list[int] = field(default_factory=lambda: [1024, 768])
-    flip_test: bool = False
-    fuse_qkv: bool = True
+    tasks: list[str] = option(help=f"comma list of {','.join(TASKS)}", factory=lambda: ["pose", "seg"])
+    model_size: str = option("0.4b", "Sapiens2 size of the hub checkpoints", choices=["0.4b", "0.8b", "1b", "5b"])
+    checkpoints: dict[str, str] = option(help="checkpoint folder, .safetensors file or hub id for a task "
+                                              "(repeatable)", flag="checkpoint", parse=parse_checkpoint,
+                                         metavar="TASK=SOURCE", factory=dict)
+    fallback_tiny: bool = option(False, "when weights cannot be had, run tiny RANDOM-weight checkpoints "
+                                        "(outputs meaningless)")
+    device: str = option("auto", "auto, cpu, cuda, cuda:N")
+    dtype: str = option("auto", "compute precision (auto: bfloat16 on CUDA, float32 on the CPU)",
+                        choices=["auto", "float32", "bfloat16", "float16"])
+    pose_input: list[int] = option(help="pose input HxW (multiple of 16)", parse=parse_size, metavar="HxW",
+                                   factory=lambda: [1024, 768])
+    dense_input: list[int] = option(help="seg/matting/normal/pointmap input HxW", parse=parse_size, metavar="HxW",
+                                    factory=lambda: [1024, 768])
+    flip_test: bool = option(False, "average with mirrored crops (2x pose cost)")
+    fuse_qkv: bool = option(True, "one GEMM for q, k and v (--no-fuse-qkv keeps them separate)")
     # GPU fast path (stages.sapiens2.fastpath): every option leaves the outputs unchanged
-    attention: str = "auto"  # SDPA kernels: auto | flash | efficient | cudnn | math
-    channels_last: bool | None = None  # decode heads in NHWC; None: on for CUDA, off for CPU
-    compile: str = "off"  # torch.compile: off | default | reduce-overhead (CUDA graphs) | max-autotune
-    pose_buckets: bool = True  # pad the person batch to 1/2/4/8/16 (few shapes to tune/compile)
-    pinned_memory: bool = True  # page-locked host buffers: frame uploads and result downloads overlap
+    attention: str = option("auto", "SDPA kernels for attention (CUDA-only choices fall back to auto elsewhere)",
+                            choices=list(ATTENTION_BACKENDS))
+    channels_last: bool | None = option(None, "decode heads in channels_last memory format (auto: on for CUDA)",
+                                        parse=parse_auto_bool, metavar="{auto,on,off}")
+    compile: str = option("off", "torch.compile the models; reduce-overhead and max-autotune capture CUDA graphs; "
+                                 "compiles at start-up, logged", choices=list(COMPILE_MODES))
+    pose_buckets: bool = option(True, "pad the person batch to 1/2/4/8/16 (--no-pose-buckets: exactly the "
+                                      "person count)")
+    pinned_memory: bool = option(True, "copy frames and results through page-locked buffers (--no-pinned-memory: "
+                                       "pageable, blocking)")
     # detector
-    detector: str = "yolo"  # yolo | full-frame
-    detector_model: str = "yolo11n.pt"
-    det_conf: float = 0.25
-    det_iou: float = 0.7
-    max_persons: int = 8
-    det_imgsz: int = 640
-    track: bool = False
-    detect_every: int = 1
+    detector: str = option("yolo", "person detector (full-frame: the whole frame is one person)",
+                           choices=["yolo", "full-frame"])
+    detector_model: str = option("yolo11n.pt", "YOLO weights (.pt) or architecture (.yaml, random weights)")
+    det_conf: float = option(0.25, "detector confidence threshold, 0..1")
+    det_iou: float = option(0.7, "detector NMS IoU threshold, 0..1")
+    max_persons: int = option(8, "most persons per frame (highest scores)")
+    det_imgsz: int = option(640, "detector input size in pixels (multiple of 32)")
+    track: bool = option(False, "stable person ids (Ultralytics ByteTrack)")
+    detect_every: int = option(1, "run the detector every N frames, carry boxes from the keypoints in between")
     # keypoints
-    kpt_threshold: float = 0.3
-    smooth: bool = False
-    smooth_min_cutoff: float = 1.0
-    smooth_beta: float = 0.05
+    kpt_threshold: float = option(0.3, "keypoint score below which a joint is not drawn or used for boxes")
+    smooth: bool = option(False, "One-Euro smoothing per track id")
+    smooth_min_cutoff: float = option(1.0, "One-Euro minimum cutoff (Hz)")
+    smooth_beta: float = option(0.05, "One-Euro speed coefficient")
     # outputs
-    record: str | None = None
-    record_codec: str = "libx264"
-    save_keypoints: str | None = None
-    publish: str | None = None  # ZeroMQ endpoint, e.g. tcp://127.0.0.1:5555
-    jpeg_quality: int = 80
-    gpu_jpeg: bool = False  # encode published frames with nvJPEG when CUDA is present (CPU fallback)
-    curve_dir: str | None = None  # CURVE keys folder (server.key_secret + authorized clients)
-    show: bool = False
-    annotate: list[str] = field(default_factory=lambda: ["matte", "seg", "boxes", "pose", "hud"])
-    matte_mode: str = "composite"  # composite (predicted foreground) | replace (frame pixels)
-    matte_background: str = "0,177,64"  # "R,G,B" or an image file to put behind the person
-    progress: bool = True
-    log_level: str = "info"
+    record: str | None = option(None, "write the annotated video here (.mp4, .mkv, .mov)")
+    record_codec: str = option("libx264", "recording encoder; *_nvenc use the GPU's encoder and fall back to "
+                                          "libx264, then mpeg4", choices=list(RECORD_CODECS))
+    save_keypoints: str | None = option(None, "write one JSON line per frame here (.jsonl)")
+    publish: str | None = option(None, "ZeroMQ endpoint to publish on, e.g. tcp://127.0.0.1:5555")
+    jpeg_quality: int = option(80, "JPEG quality of published frames, 1..100")
+    gpu_jpeg: bool = option(False, "JPEG-encode published frames on the GPU (nvJPEG) when CUDA is present")
+    curve_dir: str | None = option(None, "CURVE keys folder from `sapiens2-stream keys` (encrypt + authenticate)")
+    show: bool = option(False, "preview window")
+    annotate: list[str] = option(help="layers drawn on recorded/published frames, bottom-up",
+                                 factory=lambda: ["matte", "seg", "boxes", "pose", "hud"])
+    matte_mode: str = option("composite", "how the matte puts people on the background",
+                             choices=["composite", "replace"])
+    matte_background: str = option("0,177,64", "R,G,B colour or an image file behind the person (with matting)")
+    progress: bool = option(True, "progress bar for files, status line for live sources")
+    log_level: str = option("info", "log level", choices=["debug", "info", "warning", "error"])
 
     def validate(self) -> RunConfig:
+        self.dtype = DTYPE_ALIASES.get(self.dtype, self.dtype)
         bad = [t for t in self.tasks if t not in TASKS]
         if bad or not self.tasks:
             raise ConfigError(f"tasks: unknown {bad or 'empty list'}; choose from {', '.join(TASKS)}")
-        if self.detector not in ("yolo", "full-frame"):
-            raise ConfigError(f"detector: {self.detector!r} is not one of yolo, full-frame")
         for key in ("pose_input", "dense_input"):
             value = getattr(self, key)
             if len(value) != 2 or any(v <= 0 or v % 16 for v in value):
                 raise ConfigError(f"{key}: expected [height, width], positive multiples of 16, got {value}")
-        if self.dtype not in ("auto", "float32", "bfloat16", "float16", "fp32", "bf16", "fp16"):
-            raise ConfigError(f"dtype: {self.dtype!r} is not one of auto, float32, bfloat16, float16")
         if self.detect_every < 1 or self.max_persons < 1:
             raise ConfigError("detect_every and max_persons must be at least 1")
-        if self.attention not in ATTENTION_BACKENDS:
-            raise ConfigError(f"attention: {self.attention!r} is not one of {', '.join(ATTENTION_BACKENDS)}")
-        if self.compile not in COMPILE_MODES:
-            raise ConfigError(f"compile: {self.compile!r} is not one of {', '.join(COMPILE_MODES)}")
-        if self.record_codec not in RECORD_CODECS:
-            raise ConfigError(f"record_codec: {self.record_codec!r} is not one of {', '.join(RECORD_CODECS)}")
+        for key, value in FIELDS.items():
+            choices = value.metadata.get("choices")
+            if choices and getattr(self, key) not in choices:
+                raise ConfigError(f"{key}: {getattr(self, key)!r} is not one of {', '.join(choices)}")
         if not 1 <= self.jpeg_quality <= 100:
             raise ConfigError("jpeg_quality must be within 1..100")
-        if self.matte_mode not in ("composite", "replace"):
-            raise ConfigError(f"matte_mode: {self.matte_mode!r} is not one of composite, replace")
         unknown_ckpt = [t for t in self.checkpoints if t not in TASKS]
         if unknown_ckpt:
             raise ConfigError(f"checkpoints: unknown task {unknown_ckpt[0]!r}")
@@ -107,11 +164,12 @@ class RunConfig:
 
 
 FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
+HINTS = typing.get_type_hints(RunConfig)
 
 
-def _check_type(key: str, value: Any, annotation: Any) -> Any:
+def _check_type(key: str, value: Any) -> Any:
     """Value converted to the field's type, or ConfigError naming the key."""
-    hint = typing.get_type_hints(RunConfig)[key]
+    hint = HINTS[key]
     args = typing.get_args(hint)
     optional = type(None) in args
     if value is None:
@@ -154,7 +212,7 @@ def merge(cfg: RunConfig, values: dict[str, Any], where: str) -> RunConfig:
         if key in AUTO_KEYS and isinstance(value, str) and value.lower() == "auto":
             value = None
         try:
-            updates[key] = _check_type(key, value, FIELDS[key].type)
+            updates[key] = _check_type(key, value)
         except ConfigError as exc:
             raise ConfigError(f"{where}: {exc}") from None
     return dataclasses.replace(cfg, **updates)

@@ -1,0 +1,66 @@
+"""The run flags are generated from RunConfig: every key has a flag with its help, and a flag sets its key."""
+
+from __future__ import annotations
+
+import argparse
+import typing
+
+import pytest
+
+from pipeline.cli import build_parser, overrides_from
+from pipeline.config import FIELDS, HINTS, load_config
+
+# A value to give each kind of flag on the command line, and what the key must then hold.
+SAMPLES = {
+    bool: ("", True),
+    int: ("7", 7),
+    float: ("0.5", 0.5),
+}
+
+
+def _run_parser() -> argparse.ArgumentParser:
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices["run"]
+
+
+def test_every_config_key_has_a_flag_with_help() -> None:
+    by_dest = {a.dest: a for a in _run_parser()._actions}
+    for name, f in FIELDS.items():
+        if not f.metadata.get("cli", True):
+            continue
+        assert name in by_dest, f"{name} has no flag"
+        assert by_dest[name].help, f"--{name} has no help text"
+
+
+@pytest.mark.parametrize("name", [n for n, f in FIELDS.items() if f.metadata.get("cli", True)])
+def test_a_flag_sets_its_key(name: str) -> None:
+    action = next(a for a in _run_parser()._actions if a.dest == name)
+    flag = action.option_strings[0]
+    hint = HINTS[name]
+    base = next((t for t in typing.get_args(hint) if t is not type(None)), hint)
+    if action.choices:
+        text, want = str(list(action.choices)[-1]), list(action.choices)[-1]
+    elif name in ("pose_input", "dense_input"):
+        text, want = "512x384", [512, 384]
+    elif name == "checkpoints":
+        text, want = "pose=/x", {"pose": "/x"}
+    elif name == "channels_last":
+        text, want = "on", True
+    elif name == "tasks":
+        text, want = "pose,matting", ["pose", "matting"]
+    elif name == "annotate":
+        text, want = "pose,hud", ["pose", "hud"]
+    elif base in SAMPLES:
+        text, want = SAMPLES[base]
+    else:
+        text, want = "value-" + name, "value-" + name
+    if base is bool and name != "channels_last":
+        argv, want = [flag] if RUN_DEFAULTS[name] is False else [f"--no-{flag[2:]}"], not RUN_DEFAULTS[name]
+    else:
+        argv = [flag, text]
+    overrides = overrides_from(build_parser().parse_args(["run", *argv]))
+    assert list(overrides) == [name]
+    assert getattr(load_config(None, overrides), name) == want
+
+
+RUN_DEFAULTS = {name: getattr(load_config(None), name) for name in FIELDS}
