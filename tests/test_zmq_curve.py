@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.net.commands import make_keys
 from pipeline.sinks.publisher import CurveServerKeys, PublishError, ZmqPublisher
+from sapiens2_client.keys import KeysError, make_keys
 from sapiens2_client.subscriber import CurveClientKeys, KeypointsMessage, ReceiveTimeout, Subscriber
 from stages.types import Detections, Frame, FrameResult, Keypoints, StreamInfo
 
@@ -62,7 +62,7 @@ def test_authorised_subscriber_receives_everything_others_nothing(keys: Path, pu
 
 
 def test_missing_keys_are_actionable(tmp_path: Path) -> None:
-    with pytest.raises(PublishError, match="sapiens2-stream keys"):
+    with pytest.raises(KeysError, match="sapiens2-stream keys"):
         CurveServerKeys.from_dir(tmp_path)
-    with pytest.raises(FileNotFoundError, match="sapiens2-stream keys"):
+    with pytest.raises(KeysError, match="sapiens2-stream keys"):
         CurveClientKeys.from_dir(tmp_path)

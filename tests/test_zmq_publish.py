@@ -233,17 +233,27 @@ def test_malformed_and_oversized_are_skipped_and_counted() -> None:
                 sock.send_multipart(good)  # slow-joiner: repeat until one gets through
                 assert time.monotonic() < deadline
             sock.send_multipart([b"status.cam0", b"\xc1junk"])
-            sock.send_multipart([b"status.cam0", b"x" * 20_000])
+            sock.send_multipart([b"status.cam0", b"x" * 6_000, b"y" * 6_000])  # each frame fits, the sum does not
             sock.send(b"status.single")
             sock.send_multipart(good)
             msg = recv_until(sub, lambda m: True, 1)[0]
             assert isinstance(msg, StatusMessage)
             assert (sub.stats.malformed, sub.stats.oversized) == (2, 1)
+            assert sub.stats.skipped == {"header": 1, "too_large": 1, "frames": 1}
             header = msgpack.unpackb(good[1])
             header["version"] = wire.SCHEMA_VERSION + 1
+            sock.send_multipart([good[0], msgpack.packb(header)])  # another publisher's version: skipped, counted
+            sock.send_multipart(good)
+            assert isinstance(recv_until(sub, lambda m: True, 1)[0], StatusMessage)
+            assert sub.stats.skipped["version"] == 1
+        with Subscriber(ep, [""], timeout_s=0.2, strict_version=True) as strict:
+            deadline = time.monotonic() + 5
+            while not recv_until(strict, lambda m: True, 1, timeout_s=0.05):
+                sock.send_multipart(good)
+                assert time.monotonic() < deadline
             sock.send_multipart([good[0], msgpack.packb(header)])
             with pytest.raises(wire.SchemaVersionError, match="install matching"):
-                sub.recv(timeout_s=2)
+                strict.recv(timeout_s=2)
     finally:
         sock.close()
         ctx.term()

@@ -1,9 +1,12 @@
 """Subscriber: receive sapiens2-stream messages as typed records (see docs/WIRE.md).
 
-Malformed and oversized messages are skipped and counted in ``Subscriber.stats``; a message
-from a publisher with another schema version raises SchemaVersionError (unless
-strict_version=False, when it is counted as malformed). latest_only drains the socket on
-every receive and keeps only the newest image message (frame/seg/matte) of each topic.
+A subscriber survives any message. The socket refuses frames larger than ``max_message_bytes``
+before they are received (ZMQ_MAXMSGSIZE: the sender is disconnected); every message that does
+arrive is validated by ``wire.decode`` and, when malformed, skipped and counted by reason in
+``Subscriber.stats`` (``skipped["shape"]``, ...). A message of another schema version is counted
+too (``skipped["version"]``) and logged once per source: one old publisher behind a broker must
+not stop a subscriber that reads the others. ``latest_only`` drains the socket on every receive
+and keeps only the newest image message (frame/seg/matte) of each topic.
 """
 
 from __future__ import annotations
@@ -12,18 +15,27 @@ import collections
 import logging
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Union
+from dataclasses import dataclass, field
+from typing import Any
 
-import numpy as np
 import zmq
-import zmq.auth
 
-from sapiens2_client import wire
-from sapiens2_client.wire import FrameMeta, MessageTooLarge, SchemaVersionError, WireError
+from . import wire
+from .keys import CurveClientKeys
+from .messages import (
+    FrameMessage,
+    KeypointsMessage,
+    MatteMessage,
+    Message,
+    SegMessage,
+    StatusMessage,
+    to_message,
+)
 
 log = logging.getLogger(__name__)
+
+__all__ = ["CurveClientKeys", "FrameMessage", "KeypointsMessage", "MatteMessage", "Message", "ReceiveTimeout",
+           "SegMessage", "StatusMessage", "Subscriber", "SubscriberStats", "to_message"]
 
 _UNSET: Any = object()
 _DRAIN_LIMIT = 10_000  # bounded drain so a flood cannot keep recv() busy forever
@@ -33,129 +45,24 @@ class ReceiveTimeout(TimeoutError):
     """No message arrived within the receive timeout."""
 
 
-@dataclass(frozen=True)
-class CurveClientKeys:
-    """A subscriber's CURVE key pair plus the publisher's public key."""
-
-    public: bytes
-    secret: bytes
-    server_public: bytes
-
-    @classmethod
-    def from_dir(cls, keys_dir: str | Path, name: str = "client") -> CurveClientKeys:
-        """Load ``clients/<name>.key_secret`` and ``server.key`` made by ``sapiens2-stream keys``."""
-        keys_dir = Path(keys_dir)
-        secret_file, server_file = keys_dir / "clients" / f"{name}.key_secret", keys_dir / "server.key"
-        for f in (secret_file, server_file):
-            if not f.is_file():
-                raise FileNotFoundError(f"{f} not found; create keys with `sapiens2-stream keys {keys_dir}`")
-        public, secret = zmq.auth.load_certificate(secret_file)
-        server_public, _ = zmq.auth.load_certificate(server_file)
-        assert secret is not None
-        return cls(public=public, secret=secret, server_public=server_public)
-
-
-@dataclass
-class KeypointsMessage:
-    """keypoints: (N, K, 2) float32 pixels; keypoint_scores: (N, K); boxes: (N, 4) xyxy;
-    box_scores: (N,); track_ids: (N,) int64, -1 when untracked. K is 0 when not computed."""
-
-    topic: str
-    header: dict[str, Any]
-    meta: FrameMeta
-    keypoints: np.ndarray
-    keypoint_scores: np.ndarray
-    boxes: np.ndarray
-    box_scores: np.ndarray
-    track_ids: np.ndarray
-
-
-@dataclass
-class FrameMessage:
-    """image: (H, W, 3) uint8 RGB, decoded from JPEG; annotated: whether overlays are drawn."""
-
-    topic: str
-    header: dict[str, Any]
-    meta: FrameMeta
-    image: np.ndarray
-    annotated: bool
-
-
-@dataclass
-class SegMessage:
-    """classes: (H, W) uint8 class ids, decoded from PNG (lossless)."""
-
-    topic: str
-    header: dict[str, Any]
-    meta: FrameMeta
-    classes: np.ndarray
-
-
-@dataclass
-class MatteMessage:
-    """alpha: (H, W) uint8, alpha_float = alpha / 255 in [0, 1]."""
-
-    topic: str
-    header: dict[str, Any]
-    meta: FrameMeta
-    alpha: np.ndarray
-
-    @property
-    def alpha_float(self) -> np.ndarray:
-        return self.alpha.astype(np.float32) / float(self.header.get("alpha_scale", 255))
-
-
-@dataclass
-class StatusMessage:
-    """Periodic health of one source: fps, drop counters, health string."""
-
-    topic: str
-    header: dict[str, Any]
-    source_id: str
-    publish_ns: int
-    fps: float
-    health: str
-    frames: int
-    last_frame_index: int
-    drops: dict[str, int]
-
-
-Message = Union[KeypointsMessage, FrameMessage, SegMessage, MatteMessage, StatusMessage]
-
-
-def to_message(d: wire.Decoded) -> Message:
-    """Turn a decoded wire message into its typed record; raises WireError on missing fields."""
-    h, a = d.header, d.arrays
-    try:
-        if d.kind == "status":
-            return StatusMessage(
-                d.topic, h, d.source_id, int(h["publish_ns"]), float(h["fps"]), str(h["health"]),
-                int(h["frames"]), int(h["last_frame_index"]), dict(h["drops"]),
-            )
-        meta = wire.meta_from_header(h)
-        if d.kind == "keypoints":
-            return KeypointsMessage(
-                d.topic, h, meta, a["keypoints"], a["keypoint_scores"], a["boxes"], a["box_scores"], a["track_ids"]
-            )
-        if d.kind == "frame":
-            return FrameMessage(d.topic, h, meta, a["image"], bool(h.get("annotated", False)))
-        if d.kind == "seg":
-            return SegMessage(d.topic, h, meta, a["classes"])
-        return MatteMessage(d.topic, h, meta, a["alpha"])
-    except (KeyError, TypeError, ValueError, IndexError) as e:
-        raise WireError(f"{d.kind} message lacks or mangles a field: {e!r}") from e
-
-
 @dataclass
 class SubscriberStats:
     """What the subscriber received, skipped and why."""
 
     received: int = 0
-    malformed: int = 0
-    oversized: int = 0
+    skipped: collections.Counter = field(default_factory=collections.Counter)  # reason -> messages refused
     superseded: int = 0  # older image messages discarded by latest_only
     filtered: int = 0  # other sources, when sources= is given
     missed: int = 0  # frame_index gaps per topic: messages the publisher or network dropped
+
+    @property
+    def malformed(self) -> int:
+        """Messages refused for any reason but their size."""
+        return sum(n for reason, n in self.skipped.items() if reason != "too_large")
+
+    @property
+    def oversized(self) -> int:
+        return self.skipped["too_large"]
 
 
 class Subscriber:
@@ -164,6 +71,7 @@ class Subscriber:
     topics are prefixes: a kind ("keypoints"), a kind and source ("frame.cam0") or "" for all.
     sources, when given, keeps only those exact source ids (prefix "frame.cam1" also matches
     "frame.cam10"). timeout_s=None waits forever; iterating stops when a timeout passes.
+    ``strict_version=True`` raises SchemaVersionError instead of skipping such messages.
     """
 
     def __init__(
@@ -175,7 +83,8 @@ class Subscriber:
         latest_only: bool = False,
         timeout_s: float | None = None,
         max_message_bytes: int = wire.DEFAULT_MAX_MESSAGE_BYTES,
-        strict_version: bool = True,
+        limits: wire.Limits | None = None,
+        strict_version: bool = False,
         rcvhwm: int = 100,
         curve: CurveClientKeys | None = None,
         context: zmq.Context | None = None,
@@ -186,27 +95,28 @@ class Subscriber:
         self.sources = None if sources is None else frozenset(sources)
         self.latest_only = latest_only
         self.timeout_s = timeout_s
-        self.max_message_bytes = max_message_bytes
+        self.limits = wire.Limits(max_message_bytes=max_message_bytes) if limits is None else limits
         self.strict_version = strict_version
         self.stats = SubscriberStats()
         self._pending: collections.deque[Message] = collections.deque()
         self._last_index: dict[str, int] = {}
+        self._warned_versions: set[str] = set()
         self._own_ctx = context is None
         self._ctx = context or zmq.Context()
         self._sock = self._ctx.socket(zmq.SUB)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.RCVHWM, rcvhwm)
+        # Frames over the limit are refused while they arrive (the peer is disconnected), never buffered.
+        self._sock.setsockopt(zmq.MAXMSGSIZE, self.limits.max_message_bytes)
         if curve is not None:
-            self._sock.curve_secretkey = curve.secret
-            self._sock.curve_publickey = curve.public
-            self._sock.curve_serverkey = curve.server_public
+            curve.apply(self._sock)
         for prefix in _prefixes(topics, sources):
             self._sock.setsockopt(zmq.SUBSCRIBE, prefix.encode())
         try:
             self._sock.connect(endpoint)
         except zmq.ZMQError as e:
             self.close()
-            raise ValueError(f"cannot connect to {endpoint!r}: {e}; expected e.g. tcp://127.0.0.1:5555") from e
+            raise ValueError(f"cannot connect to {endpoint!r}: {e}; expected e.g. {wire.DEFAULT_ENDPOINT}") from e
 
     def recv(self, timeout_s: float | None = _UNSET) -> Message:
         """The next message; raises ReceiveTimeout when none arrives in time."""
@@ -249,19 +159,18 @@ class Subscriber:
         except zmq.Again:
             return False
         try:
-            msg = to_message(wire.decode(frames, max_bytes=self.max_message_bytes))
-        except MessageTooLarge as e:
-            self.stats.oversized += 1
-            log.debug("skipped: %s", e)
-            return True
-        except SchemaVersionError:
+            msg = to_message(wire.decode(frames, limits=self.limits))
+        except wire.SchemaVersionError as e:
             if self.strict_version:
                 raise
-            self.stats.malformed += 1
+            self._skip(e)
+            topic = bytes(frames[0][:80]).decode("ascii", "replace")
+            if topic not in self._warned_versions:
+                self._warned_versions.add(topic)
+                log.warning("skipping %s: %s", topic, e)
             return True
-        except WireError as e:
-            self.stats.malformed += 1
-            log.debug("skipped malformed message: %s", e)
+        except wire.WireError as e:
+            self._skip(e)
             return True
         source = msg.source_id if isinstance(msg, StatusMessage) else msg.meta.source_id
         if self.sources is not None and source not in self.sources:
@@ -276,6 +185,10 @@ class Subscriber:
         self._pending.append(msg)
         return True
 
+    def _skip(self, error: wire.WireError) -> None:
+        self.stats.skipped[error.reason] += 1
+        log.debug("skipped a message (%s): %s", error.reason, error)
+
     def _drain(self) -> None:
         """Take everything already queued, then keep only the newest image message per topic."""
         for _ in range(_DRAIN_LIMIT):
@@ -287,7 +200,7 @@ class Subscriber:
                 newest[m.topic] = i
         if not newest:
             return
-        kept = collections.deque()
+        kept: collections.deque[Message] = collections.deque()
         for i, m in enumerate(self._pending):
             if isinstance(m, (FrameMessage, SegMessage, MatteMessage)) and newest[m.topic] != i:
                 self.stats.superseded += 1
