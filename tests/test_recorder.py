@@ -144,10 +144,10 @@ def test_bitrate_option(tmp_path: Path) -> None:
 
 
 def test_falls_back_to_mpeg4_when_libx264_is_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import pipeline.sinks.recorder as recorder_module
+    import sapiens2_client.video as video_module
 
-    real_probe = recorder_module._probe_encoder
-    monkeypatch.setattr(recorder_module, "_probe_encoder",
+    real_probe = video_module.probe_encoder
+    monkeypatch.setattr(video_module, "probe_encoder",
                         lambda name, *args: name != "libx264" and real_probe(name, *args))
     path = tmp_path / "fallback.mp4"
     recorder = record(path, [result(i, i) for i in range(6)], codec="libx264")

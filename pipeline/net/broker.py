@@ -1,6 +1,6 @@
 """Broker: ZeroMQ's own XSUB/XPUB proxy so many cameras publish into one endpoint.
 
-Pipelines connect their publisher (``ZmqPublisher(..., connect=True)``) to the XSUB side;
+Pipelines connect their publisher (``--publish-connect``, ``ZmqPublisher(..., connect=True)``) to the XSUB side;
 subscribers connect to the XPUB side as if it were a single publisher. Subscriptions travel
 upstream through the proxy, so publishers still encode only what somebody reads. Source ids
 in topics and headers keep the streams apart.
@@ -12,7 +12,9 @@ import logging
 import threading
 
 import zmq
+from zmq.auth.thread import ThreadAuthenticator
 
+from sapiens2_client.keys import CurveServerKeys
 from sapiens2_client.wire import BROKER_XPUB, BROKER_XSUB
 
 log = logging.getLogger(__name__)
@@ -37,8 +39,10 @@ class Broker:
         *,
         hwm: int = 1000,
         linger_ms: int = 200,
+        curve: CurveServerKeys | None = None,
     ) -> None:
         self._ctx = zmq.Context()
+        self._auth: ThreadAuthenticator | None = None
         self._linger_ms = linger_ms
         self._control_addr = f"inproc://broker-control-{id(self)}"
         self._thread: threading.Thread | None = None
@@ -50,6 +54,12 @@ class Broker:
             s.setsockopt(zmq.LINGER, linger_ms)
         self._xsub.setsockopt(zmq.RCVHWM, hwm)
         self._xpub.setsockopt(zmq.SNDHWM, hwm)
+        if curve is not None:  # the CURVE server on both sides: publishers and subscribers are its clients
+            self._auth = ThreadAuthenticator(self._ctx)
+            self._auth.start()
+            self._auth.configure_curve(domain="*", location=str(curve.authorized_dir))
+            curve.apply(self._xsub)
+            curve.apply(self._xpub)
         try:
             self._xsub.bind(xsub)
             self._xpub.bind(xpub)
@@ -90,6 +100,9 @@ class Broker:
             if self._thread.is_alive():
                 log.warning("broker thread did not stop within %.1f s", timeout_s)
         self._stopper.close(linger=0)
+        if self._auth is not None:
+            self._auth.stop()
+            self._auth = None
         if self._thread is None or not self._thread.is_alive():
             self._ctx.term()
 
@@ -102,4 +115,6 @@ class Broker:
     def _close_sockets(self) -> None:
         for s in (self._xsub, self._xpub, self._control, self._stopper):
             s.close(linger=0)
+        if self._auth is not None:
+            self._auth.stop()
         self._ctx.term()

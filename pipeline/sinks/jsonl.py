@@ -1,74 +1,30 @@
-"""Write per-frame keypoints as JSON Lines (a Sink).
+"""Write per-frame keypoints as JSON Lines (a Sink); the record and the line writer are the client's
+(``sapiens2_client.jsonl``), so files written here and by a subscriber have one format.
 
-One object per frame, one line each, flushed as written so that a killed process leaves only
-complete, parsable lines (at most the last one is lost)::
-
-    {"frame": 12, "pts": 6144, "time_base": "1/15360", "capture_ns": 1712345678901234567,
-     "width": 1280, "height": 720, "random_weights": false,
-     "persons": [{"id": 3, "box": [x1, y1, x2, y2], "score": 0.91,
-                  "keypoints": [[x, y, score], ...]}]}
-
-``id`` is the track id (-1 when untracked); ``keypoints`` is null when pose did not run.
-Non-finite numbers are written as null so every line is strict JSON.
+The file is created when the first frame arrives (a run that fails to start leaves an existing
+file untouched), each line is written whole or not at all, and source events (stalled,
+reconnecting, resumed) are written as ``event`` lines between frames.
 """
 
 from __future__ import annotations
 
-import json
-import logging
-import math
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-import numpy as np
-
+from sapiens2_client.jsonl import JsonlError, LineWriter, keypoint_record
 from stages.types import FrameResult, StreamInfo
 
-log = logging.getLogger(__name__)
+__all__ = ["JsonlError", "KeypointWriter", "result_to_record"]
 
 
-class JsonlError(RuntimeError):
-    """The JSONL file cannot be created or written; the message says what to do."""
-
-
-def _finite(value: float, digits: int) -> float | None:
-    return round(value, digits) if math.isfinite(value) else None
-
-
-def _rows(array: np.ndarray, digits: int) -> list[Any]:
-    """Nested lists of rounded floats with non-finite values as None."""
-    values = np.asarray(array, dtype=np.float64)
-    if np.isfinite(values).all():
-        return np.round(values, digits).tolist()
-    return [[_finite(float(v), digits) for v in row] for row in values.reshape(-1, values.shape[-1])]
-
-
-def result_to_record(result: FrameResult) -> dict[str, Any]:
-    """The JSON-ready dict for one frame (see the module docstring)."""
-    frame, det = result.frame, result.detections
-    persons = []
-    for i in range(len(det)):
-        keypoints = None
-        if result.keypoints is not None:
-            xy_score = np.concatenate([result.keypoints.xy[i], result.keypoints.scores[i][:, None]], axis=1)
-            keypoints = _rows(xy_score, 3)  # (K, 3): x, y, score
-        persons.append({
-            "id": int(det.track_ids[i]),
-            "box": _rows(det.boxes[i][None], 2)[0],
-            "score": _finite(float(det.scores[i]), 4),
-            "keypoints": keypoints,
-        })
-    time_base = frame.time_base
-    return {
-        "frame": frame.index,
-        "pts": frame.pts,
-        "time_base": f"{time_base.numerator}/{time_base.denominator}" if time_base is not None else None,
-        "capture_ns": frame.capture_ns,
-        "width": frame.width,
-        "height": frame.height,
-        "random_weights": bool(result.random_weights),
-        "persons": persons,
-    }
+def result_to_record(result: FrameResult, random_weights: bool = False) -> dict[str, Any]:
+    """The JSON-ready dict for one frame (see ``sapiens2_client.jsonl``)."""
+    frame, det, kp = result.frame, result.detections, result.keypoints
+    return keypoint_record(frame=frame.index, pts=frame.pts, time_base=frame.time_base, capture_ns=frame.capture_ns,
+                           width=frame.width, height=frame.height,
+                           random_weights=bool(result.random_weights or random_weights), boxes=det.boxes,
+                           box_scores=det.scores, track_ids=det.track_ids,
+                           keypoints=None if kp is None else kp.xy, scores=None if kp is None else kp.scores)
 
 
 class KeypointWriter:
@@ -76,45 +32,26 @@ class KeypointWriter:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self.lines_written = 0
-        self._file: IO[str] | None = None
-        self._closed = False
+        self._lines = LineWriter(self.path)
         self._random_weights = False
 
+    @property
+    def lines_written(self) -> int:
+        return self._lines.lines_written
+
     def open(self, info: StreamInfo) -> None:
-        """Create (truncate) the file."""
+        """Check that the file can be created; it is created (or truncated) by the first frame."""
         self._random_weights = info.random_weights
-        self._ensure_open()
+        self._lines.check()
 
     def write(self, result: FrameResult) -> None:
-        """Append and flush one line for ``result``."""
-        if self._closed:
-            raise JsonlError(f"keypoint file {self.path}: write after close")
-        handle = self._ensure_open()
-        record = result_to_record(result)
-        record["random_weights"] = record["random_weights"] or self._random_weights
-        try:
-            handle.write(json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n")
-            handle.flush()
-        except OSError as exc:
-            raise JsonlError(f"keypoint file {self.path}: write failed ({exc}); check disk space") from exc
-        self.lines_written += 1
+        """Append one whole line for ``result``."""
+        self._lines.write(result_to_record(result, self._random_weights))
+
+    def event(self, record: dict[str, Any]) -> None:
+        """Append an event line (``{"event": ..., "time_ns": ...}``) between frames."""
+        self._lines.write(record)
 
     def close(self) -> None:
-        """Flush and close; safe to call repeatedly and after errors."""
-        self._closed = True
-        handle, self._file = self._file, None
-        if handle is not None:
-            try:
-                handle.close()
-            except OSError as exc:
-                log.error("keypoint file %s: close failed: %s", self.path, exc)
-
-    def _ensure_open(self) -> IO[str]:
-        if self._file is None:
-            try:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                self._file = open(self.path, "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
-            except OSError as exc:
-                raise JsonlError(f"keypoint file {self.path}: cannot create it ({exc}); pick a writable path") from exc
-        return self._file
+        """Close; safe to call repeatedly and after errors."""
+        self._lines.close()
