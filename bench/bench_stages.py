@@ -103,11 +103,8 @@ class FixedDetector:
     def detect(self, image_rgb: np.ndarray) -> Detections:
         return self.detections
 
-    def carry(self, boxes: np.ndarray) -> None:
-        """Ignored."""
-
-    def reset(self) -> None:
-        """Nothing to reset."""
+    def detect_batch(self, images_rgb: list[np.ndarray]) -> list[Detections]:
+        return [self.detections for _ in images_rgb]
 
 
 def make_boxes(n: int, frame_hw: tuple[int, int], rng: np.random.Generator) -> np.ndarray:

@@ -1,18 +1,27 @@
-"""Person detectors: Ultralytics YOLO (person class only) and a full-frame stand-in.
+"""Person detectors: Ultralytics YOLO (person class only) and a full-frame stand-in; ByteTrack ids.
 
-Both share one interface: ``detect(image_rgb) -> Detections``, ``carry(boxes)``, ``reset()`` and a
-``random_weights`` attribute that annotators and publishers use to label meaningless output.
+Both detectors share one interface: ``detect(image_rgb) -> Detections``, ``detect_batch(images)``
+(one forward for the frames of several sources), ``reset()`` and a ``random_weights`` attribute
+that annotators and publishers use to label meaningless output. Tracking is separate
+(:class:`ByteTracker`, one per source), so frames of several cameras can share a detector batch.
+Between detector runs (``detect_every``) the engine carries boxes from the keypoints of the frame
+before with :func:`carry_boxes`, on the device.
 
-Running the detector every N frames (``every_n``): on the frames in between, the detector returns
-the boxes the caller handed it with ``carry()`` (typically ``boxes_from_keypoints`` of the pose
-result of the previous frame, so boxes follow the people), keeping the track ids and scores of the
-last real detection. Without carried boxes (or when their count changed) the detector simply runs.
+Safety: a ``.pt`` file is a pickle, and loading one runs whatever code it holds. Only the official
+Ultralytics release names (``yolo11n.pt``, fetched by Ultralytics from its own release assets) are
+loaded without asking; any other ``.pt`` needs ``trust=True`` (``--trust-detector-model``).
+``.yaml`` models are built with random weights and need no files.
 
-Offline behaviour: ``.yaml`` models are built with random weights and need no files. A ``.pt``
-name that is not on this machine raises ``DetectorError`` before Ultralytics is asked to download it
-when ``YOLO_OFFLINE=1`` or ``HF_HUB_OFFLINE=1``; otherwise Ultralytics may download it once, and any
-failure becomes the same one-line ``DetectorError``. Ultralytics' pip auto-install and usage
-analytics are switched off in-process (its settings file is not touched).
+Offline behaviour: a ``.pt`` name that is not on this machine raises ``DetectorError`` before
+Ultralytics is asked to download it when ``YOLO_OFFLINE=1`` or ``HF_HUB_OFFLINE=1``; otherwise
+Ultralytics may download it once, and any failure becomes the same one-line ``DetectorError``.
+Ultralytics' pip auto-install and usage analytics are switched off in-process (its settings file is
+not touched).
+
+Ultralytics times each predict step with a device-wide ``synchronize()``, which would make the
+detector wait for the Sapiens2 work queued on the other CUDA streams and undo their overlap. Its
+timers are objects local to the predictor's loop, so no supported hook reaches them: their clock
+is wrapped once, and skips the synchronisation only on a thread that is inside our ``detect``.
 """
 
 from __future__ import annotations
@@ -20,13 +29,16 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 import cv2
 import numpy as np
+import torch
+from torch import Tensor
 
 from stages.types import Detections
 
@@ -47,9 +59,7 @@ class Detector(Protocol):
 
     def detect(self, image_rgb: np.ndarray) -> Detections: ...
 
-    def carry(self, boxes: np.ndarray) -> None: ...
-
-    def reset(self) -> None: ...
+    def detect_batch(self, images_rgb: Sequence[np.ndarray]) -> list[Detections]: ...
 
 
 def is_offline() -> bool:
@@ -68,37 +78,32 @@ def _check_image(image: np.ndarray) -> None:
         raise ValueError(f"detector input: expected uint8, got {image.dtype}")
 
 
-def boxes_from_keypoints(
-    xy: np.ndarray,
-    scores: np.ndarray,
-    threshold: float,
-    image_size: tuple[int, int],
-    margin: float = 0.1,
-) -> np.ndarray:
-    """Boxes around each person's confident keypoints, to carry between detector runs.
+def carry_boxes(xy: Tensor, scores: Tensor, threshold: float, frame_wh: Tensor, previous: Tensor,
+                margin: float = 0.1) -> Tensor:
+    """Boxes around each person's confident keypoints, for the frames the detector skips.
 
-    xy: (N, K, 2) pixels; scores: (N, K); image_size: (height, width) as in ``image.shape[:2]``.
-    Each box is the extent of the keypoints with score > threshold, grown by ``margin`` times its
-    size on every side and clipped to the image. Returns (N, 4) float32 xyxy; a person with fewer
-    than two confident keypoints gets a row of NaN (``carry`` drops such rows).
+    xy: (N, K, 2) pixels; scores: (N, K); frame_wh: (N, 2) width and height of each person's frame;
+    previous: (N, 4) the boxes the keypoints came from. Each box is the extent of the keypoints with
+    score > threshold, grown by ``margin`` times its size on every side and clipped to the frame; a
+    person with fewer than two confident keypoints keeps its previous box (the row count never
+    changes, so carried boxes stay aligned with their scores and track ids). Pure torch: runs on
+    the device without a host sync. Returns (N, 4) float32 xyxy.
     """
-    xy = np.asarray(xy, dtype=np.float32)
-    scores = np.asarray(scores, dtype=np.float32)
-    if xy.ndim != 3 or xy.shape[2] != 2 or scores.shape != xy.shape[:2]:
-        raise ValueError(
-            f"boxes_from_keypoints: expected xy (N, K, 2) and scores (N, K), got {xy.shape} and {scores.shape}"
-        )
-    height, width = image_size
+    if xy.ndim != 3 or xy.shape[2] != 2 or scores.shape != xy.shape[:2] or previous.shape != (xy.shape[0], 4):
+        raise ValueError(f"carry_boxes: expected xy (N, K, 2), scores (N, K), previous (N, 4); got "
+                         f"{tuple(xy.shape)}, {tuple(scores.shape)}, {tuple(previous.shape)}")
+    xy, previous = xy.float(), previous.float()
     visible = scores > threshold  # (N, K)
-    big = np.float32(np.inf)
-    lo = np.where(visible[..., None], xy, big).min(axis=1)  # (N, 2)
-    hi = np.where(visible[..., None], xy, -big).max(axis=1)  # (N, 2)
+    big = torch.finfo(torch.float32).max
+    lo = torch.where(visible[..., None], xy, big).amin(dim=1)  # (N, 2)
+    hi = torch.where(visible[..., None], xy, -big).amax(dim=1)  # (N, 2)
     pad = (hi - lo) * margin
-    boxes = np.concatenate([lo - pad, hi + pad], axis=1)  # (N, 4)
-    boxes[:, [0, 2]] = boxes[:, [0, 2]].clip(0, width)
-    boxes[:, [1, 3]] = boxes[:, [1, 3]].clip(0, height)
-    boxes[visible.sum(axis=1) < 2] = np.nan
-    return boxes.astype(np.float32)
+    wh = frame_wh.float()
+    lo = torch.minimum(torch.clamp(lo - pad, min=0.0), wh)
+    hi = torch.minimum(torch.clamp(hi + pad, min=0.0), wh)
+    boxes = torch.cat((lo, hi), dim=1)  # (N, 4)
+    enough = (visible.sum(dim=1) >= 2) & torch.isfinite(boxes).all(dim=1)
+    return torch.where(enough[:, None], boxes, previous)
 
 
 class FullFrameDetector:
@@ -111,11 +116,8 @@ class FullFrameDetector:
         h, w = image_rgb.shape[:2]
         return Detections(np.array([[0, 0, w, h]], np.float32), np.ones(1, np.float32), np.zeros(1, np.int64))
 
-    def carry(self, boxes: np.ndarray) -> None:
-        """Ignored: the box is always the full frame."""
-
-    def reset(self) -> None:
-        """Nothing to reset."""
+    def detect_batch(self, images_rgb: Sequence[np.ndarray]) -> list[Detections]:
+        return [self.detect(image) for image in images_rgb]
 
 
 def _quiet_ultralytics() -> None:
@@ -134,8 +136,32 @@ def _missing_message(model: str, why: str) -> str:
     )
 
 
-def load_yolo(model: str | Path) -> tuple[Any, bool]:
+def official_name(model: str | Path) -> bool:
+    """True for a bare Ultralytics release name (``yolo11n.pt``), which Ultralytics fetches itself."""
+    from ultralytics.utils.downloads import GITHUB_ASSETS_NAMES
+
+    path = Path(str(model))
+    return path.parent == Path(".") and path.name in GITHUB_ASSETS_NAMES
+
+
+def check_detector_model(model: str | Path, trust: bool = False) -> None:
+    """Refuse, before anything loads, a model that cannot be had or would be unpickled untrusted."""
+    name = str(model)
+    path = Path(name)
+    if path.suffix.lower() in {".yaml", ".yml"}:
+        return
+    if path.parent != Path(".") and not path.is_file():
+        raise DetectorError(_missing_message(name, " (no such file)"))
+    if path.suffix.lower() == ".pt" and not trust and not official_name(name):
+        raise DetectorError(
+            f"{name} is a pickle (.pt): loading it runs any code it holds; pass --trust-detector-model if you "
+            "trust where it came from, or use an official name such as yolo11n.pt"
+        )
+
+
+def load_yolo(model: str | Path, trust: bool = False) -> tuple[Any, bool]:
     """Build an Ultralytics YOLO; returns (model, random_weights). Raises DetectorError."""
+    check_detector_model(model, trust)
     try:
         from ultralytics import YOLO
         from ultralytics.utils import SETTINGS
@@ -155,13 +181,11 @@ def load_yolo(model: str | Path) -> tuple[Any, bool]:
         cached = Path(SETTINGS["weights_dir"]) / path.name
         if cached.exists():
             path = cached
-        elif is_offline() or path.parent != Path("."):
-            # A name with a folder is a local path: nothing to download. Offline: do not try.
-            why = " and cannot be downloaded (offline)" if is_offline() else " (no such file)"
-            raise DetectorError(_missing_message(name, why))
+        elif is_offline():
+            raise DetectorError(_missing_message(name, " and cannot be downloaded (offline)"))
     try:
         yolo = YOLO(str(path))
-    except (OSError, RuntimeError, ValueError, KeyError, AttributeError) as exc:
+    except (OSError, RuntimeError, ValueError, KeyError, AttributeError, TypeError) as exc:
         if not Path(str(path)).exists() and not Path(SETTINGS["weights_dir"], path.name).exists():
             log.debug("download of %s failed", name, exc_info=True)
             why = f" and the download failed ({type(exc).__name__}; offline?)"
@@ -170,22 +194,13 @@ def load_yolo(model: str | Path) -> tuple[Any, bool]:
     return yolo, False
 
 
-def _cuda_device(device: str | int | None) -> bool:
-    if device is None:
-        import torch
-
-        return torch.cuda.is_available()
-    text = str(device).lower()
-    return text.isdigit() or text.startswith("cuda")
-
-
 class PersonDetector:
-    """Ultralytics YOLO restricted to people, returning ``Detections``.
+    """Ultralytics YOLO restricted to people, returning ``Detections`` sorted by score.
 
     model: ``.pt`` path or name, or ``.yaml`` for random weights (offline tests). conf / iou: NMS
     thresholds; max_persons: most boxes kept (highest scores); imgsz: inference size; half: fp16,
-    used on CUDA only; device: passed to Ultralytics (None = its default); track: ByteTrack ids;
-    every_n: run the detector on every N-th frame and use ``carry()`` boxes in between.
+    used on CUDA only; device: where the model runs (a torch device or its name); trust: allow
+    unpickling a ``.pt`` that is not an official release name.
     """
 
     def __init__(
@@ -196,100 +211,135 @@ class PersonDetector:
         max_persons: int = 16,
         imgsz: int = 640,
         half: bool = True,
-        device: str | int | None = None,
-        track: bool = False,
-        every_n: int = 1,
+        device: str | torch.device | None = None,
+        trust: bool = False,
     ) -> None:
-        if every_n < 1:
-            raise ValueError(f"every_n must be >= 1, got {every_n}")
         if max_persons < 1:
             raise ValueError(f"max_persons must be >= 1, got {max_persons}")
-        self.model, self.random_weights = load_yolo(model)
+        if not (0.0 <= conf <= 1.0 and 0.0 <= iou <= 1.0):
+            raise ValueError(f"conf and iou must be within 0..1, got {conf} and {iou}")
+        self.model, self.random_weights = load_yolo(model, trust)
         self.conf, self.iou, self.max_persons, self.imgsz = conf, iou, max_persons, imgsz
-        self.device = device
-        self.half = bool(half and _cuda_device(device))
-        self.track, self.every_n = track, every_n
-        self._frame = 0
-        self._carried: np.ndarray | None = None
-        self._last = Detections.empty()
-
-    def reset(self) -> None:
-        """Forget tracks and carried boxes (call on a new stream or after a seek)."""
-        self._frame, self._carried, self._last = 0, None, Detections.empty()
-        predictor = getattr(self.model, "predictor", None)
-        if predictor is not None and hasattr(predictor, "trackers"):
-            for tracker in predictor.trackers:
-                tracker.reset()
-
-    def carry(self, boxes: np.ndarray) -> None:
-        """Boxes (N, 4) xyxy for the next frames the detector skips, in the order of the last
-        detections (so their track ids and scores carry over). NaN rows are dropped."""
-        boxes = np.asarray(boxes, dtype=np.float32).reshape(-1, 4)
-        self._carried = boxes
-
-    def _carried_detections(self) -> Detections | None:
-        boxes = self._carried
-        if boxes is None or len(boxes) != len(self._last) or len(boxes) == 0:
-            return None
-        keep = np.isfinite(boxes).all(axis=1) & (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
-        return Detections(boxes[keep], self._last.scores[keep], self._last.track_ids[keep])
+        self.device = torch.device(device) if device is not None else torch.device(
+            "cuda" if torch.cuda.is_available() else "cpu")
+        self.half = bool(half and self.device.type == "cuda")
+        self._checked_device = False
 
     def detect(self, image_rgb: np.ndarray) -> Detections:
         """Find people in one (H, W, 3) uint8 RGB frame."""
-        _check_image(image_rgb)
-        frame, self._frame = self._frame, self._frame + 1
-        if frame % self.every_n != 0:
-            carried = self._carried_detections()
-            if carried is not None:
-                self._last = carried
-                return carried
-        self._carried = None
-        self._last = self._run(image_rgb)
-        return self._last
+        return self.detect_batch([image_rgb])[0]
 
-    def _run(self, image_rgb: np.ndarray) -> Detections:
-        bgr = cv2.cvtColor(image_rgb, cv2.COLOR_RGB2BGR)  # Ultralytics reads numpy input as BGR
-        kwargs: dict[str, Any] = dict(
-            conf=self.conf,
-            iou=self.iou,
-            classes=[PERSON_CLASS],
-            max_det=self.max_persons,
-            imgsz=self.imgsz,
-            half=self.half,
-            verbose=False,
-        )
-        if self.device is not None:
-            kwargs["device"] = self.device
+    def detect_batch(self, images_rgb: Sequence[np.ndarray]) -> list[Detections]:
+        """Find people in several frames with one forward; one Detections per frame, in order."""
+        for image in images_rgb:
+            _check_image(image)
+        if not images_rgb:
+            return []
+        bgr = [cv2.cvtColor(image, cv2.COLOR_RGB2BGR) for image in images_rgb]  # Ultralytics reads numpy as BGR
+        kwargs: dict[str, Any] = dict(conf=self.conf, iou=self.iou, classes=[PERSON_CLASS], max_det=self.max_persons,
+                                      imgsz=self.imgsz, verbose=False, device=self.device)
+        if self.half:
+            kwargs["quantize"] = 16
+        threads = torch.get_num_threads()
         try:
             with _no_device_sync():
-                if self.track:
-                    results = self.model.track(bgr, persist=True, tracker="bytetrack.yaml", **kwargs)
-                else:
-                    results = self.model.predict(bgr, **kwargs)
+                results = self.model.predict(bgr if len(bgr) > 1 else bgr[0], **kwargs)
         except (RuntimeError, ValueError, OSError) as exc:
             raise DetectorError(f"person detector failed: {exc}") from exc
-        boxes = results[0].boxes
+        finally:
+            torch.set_num_threads(threads)  # Ultralytics resets the process's CPU thread count on every call
+        self._check_device()
+        return [self._detections(r.boxes) for r in results]
+
+    def _check_device(self) -> None:
+        if self._checked_device:
+            return
+        self._checked_device = True
+        module = getattr(self.model, "model", None)
+        param = next(module.parameters(), None) if isinstance(module, torch.nn.Module) else None
+        if param is not None and param.device != _resolve(self.device):
+            raise DetectorError(f"the detector ran on {param.device}, not on the requested {self.device}; "
+                                "pass --device with an index (cuda:N)")
+
+    def _detections(self, boxes: Any) -> Detections:
         xyxy = boxes.xyxy.cpu().numpy().astype(np.float32)  # (N, 4)
         scores = boxes.conf.cpu().numpy().astype(np.float32)  # (N,)
-        if boxes.id is not None:
-            ids = boxes.id.cpu().numpy().astype(np.int64)
-        else:
-            ids = np.full(len(xyxy), -1, np.int64)
         order = np.argsort(-scores, kind="stable")[: self.max_persons]
-        return Detections(xyxy[order], scores[order], ids[order])
+        return Detections(xyxy[order], scores[order], np.full(len(order), -1, np.int64))
+
+
+def _resolve(device: torch.device) -> torch.device:
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+class ByteTracker:
+    """Stable person ids for one source (Ultralytics' ByteTrack, fed our detections).
+
+    ``update`` returns the tracked persons as Ultralytics' ``model.track`` would: boxes from the
+    tracker, unconfirmed new tracks hidden, each with its id; ``reset`` starts afresh (a new stream).
+    """
+
+    def __init__(self, frame_rate: float = 30.0) -> None:
+        from ultralytics.trackers.byte_tracker import BYTETracker
+        from ultralytics.utils import YAML, IterableSimpleNamespace
+        from ultralytics.utils.checks import check_yaml
+
+        args = IterableSimpleNamespace(**YAML.load(check_yaml("bytetrack.yaml")))
+        # A lost track is kept track_buffer frames at 30 fps: about a second whatever the rate.
+        args.track_buffer = max(1, round(args.track_buffer * (frame_rate or 30.0) / 30.0))
+        self._make = lambda: BYTETracker(args=args)
+        self._tracker = self._make()
+
+    def reset(self) -> None:
+        self._tracker = self._make()
+
+    def update(self, detections: Detections, image_rgb: np.ndarray) -> Detections:
+        from ultralytics.engine.results import Boxes
+
+        n = len(detections)
+        data = np.concatenate([detections.boxes, detections.scores[:, None], np.zeros((n, 1), np.float32)], axis=1)
+        boxes = Boxes(data.reshape(n, 6), image_rgb.shape[:2])
+        tracks = self._tracker.update(boxes, image_rgb[:, :, ::-1])
+        if len(tracks) == 0:
+            return Detections.empty()
+        tracks = np.asarray(tracks, dtype=np.float64)  # (M, 8): x1 y1 x2 y2 id score cls index
+        order = np.argsort(-tracks[:, 5], kind="stable")
+        tracks = tracks[order]
+        return Detections(tracks[:, :4], tracks[:, 5], tracks[:, 4].astype(np.int64))
+
+
+_local = threading.local()
+_installed = False
+
+
+def _install_sync_free_clock() -> None:
+    """Wrap Ultralytics' timer clock once: no synchronisation on a thread inside ``_no_device_sync``."""
+    global _installed
+    if _installed:
+        return
+    from ultralytics.utils import ops
+
+    original = ops.Profile.time
+
+    def time_without_sync_here(self: Any) -> float:
+        if getattr(_local, "no_sync", False):
+            return time.perf_counter()
+        return original(self)
+
+    ops.Profile.time = time_without_sync_here
+    _installed = True
 
 
 @contextlib.contextmanager
 def _no_device_sync() -> Iterator[None]:
-    """Ultralytics times each predict step with a device-wide ``synchronize()`` (6 per frame), which
-    would make the detector wait for the Sapiens2 work queued on the other CUDA streams and undo their
-    overlap. Inside detect() its timer reads the clock without synchronising; the results' ``.cpu()``
-    still waits for the detector's own stream."""
-    from ultralytics.utils import ops
-
-    original = ops.Profile.time
-    ops.Profile.time = lambda self: time.perf_counter()
+    """Inside, Ultralytics' step timers on this thread read the clock without synchronising the
+    device; the results' ``.cpu()`` still waits for the detector's own stream."""
+    _install_sync_free_clock()
+    before = getattr(_local, "no_sync", False)
+    _local.no_sync = True
     try:
         yield
     finally:
-        ops.Profile.time = original
+        _local.no_sync = before

@@ -1,4 +1,5 @@
-"""Person detectors, offline: a random-weights YOLO on a real photo, failure modes, carrying boxes."""
+"""Person detectors, offline: a random-weights YOLO on a real photo, failure modes, pickle safety,
+ByteTrack ids, boxes carried between detector runs, and no device-wide synchronisation."""
 
 from __future__ import annotations
 
@@ -9,12 +10,14 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
+import torch
 
 from stages.detector import (
+    ByteTracker,
     DetectorError,
     FullFrameDetector,
     PersonDetector,
-    boxes_from_keypoints,
+    carry_boxes,
 )
 from stages.types import Detections
 
@@ -64,13 +67,44 @@ def test_yaml_model_runs_on_real_photo(yaml_detector: PersonDetector, bus_rgb: n
     assert np.all(det.track_ids == -1)
 
 
-def test_tracker_path_runs(bus_rgb: np.ndarray) -> None:
-    detector = PersonDetector("yolo11n.yaml", conf=0.01, imgsz=320, device="cpu", track=True)
+def test_detector_keeps_the_process_cpu_thread_count(yaml_detector: PersonDetector, bus_rgb: np.ndarray) -> None:
+    """Ultralytics sets torch's CPU thread count on every predict; the pipeline's own setting stands."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        yaml_detector.detect(bus_rgb)
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_batch_is_one_result_per_frame_in_order(yaml_detector: PersonDetector, bus_rgb: np.ndarray) -> None:
+    small = np.ascontiguousarray(bus_rgb[:300, :200])
+    batch = yaml_detector.detect_batch([bus_rgb, small])
+    assert len(batch) == 2
+    _check_valid(batch[0], *bus_rgb.shape[:2], max_n=5)
+    _check_valid(batch[1], 300, 200, max_n=5)
+    assert yaml_detector.detect_batch([]) == []
+
+
+def test_byte_tracker_keeps_ids_while_people_move() -> None:
+    tracker = ByteTracker(frame_rate=30)
+    image = np.zeros((200, 300, 3), np.uint8)
+    seen = []
+    for t in range(8):
+        boxes = np.array([[10 + 3 * t, 20, 60 + 3 * t, 150], [200 - 2 * t, 30, 260 - 2 * t, 180]], np.float32)
+        det = tracker.update(Detections(boxes, np.array([0.9, 0.8], np.float32), np.full(2, -1)), image)
+        if len(det):
+            seen.append({int(i): float(b[0]) for i, b in zip(det.track_ids, det.boxes)})
+    assert len(seen) >= 6 and all(len(s) == 2 for s in seen)
+    ids = set(seen[0])
+    assert all(set(s) == ids for s in seen), seen  # the same two ids on every frame
+    left, right = sorted(ids, key=lambda i: seen[0][i])
+    assert seen[-1][left] > seen[0][left] and seen[-1][right] < seen[0][right]  # each id follows its person
+    tracker.reset()  # a new stream: tracks forgotten, ids start again
     for _ in range(3):
-        det = detector.detect(bus_rgb)
-        _check_valid(det, *bus_rgb.shape[:2], max_n=16)
-    detector.reset()
-    _check_valid(detector.detect(bus_rgb), *bus_rgb.shape[:2], max_n=16)
+        fresh = tracker.update(Detections(np.array([[100, 20, 160, 150]], np.float32), [0.9], [-1]), image)
+    assert fresh.track_ids.tolist() == [1]
 
 
 @pytest.mark.parametrize("model", ["yolo11n.pt", "missing/dir/person.pt"])
@@ -98,42 +132,38 @@ def test_unknown_yaml() -> None:
         PersonDetector("nope.yaml")
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [({"every_n": 0}, "every_n"), ({"max_persons": 0}, "max_persons")])
+@pytest.mark.parametrize(("kwargs", "message"), [({"max_persons": 0}, "max_persons"), ({"conf": 5}, "conf")])
 def test_bad_options(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         PersonDetector("yolo11n.yaml", **kwargs)
 
 
+class _Evil:
+    """Unpickling this creates a file: what a hostile .pt could do instead."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))
+
+
+def test_a_pickle_is_not_loaded_unless_trusted(tmp_path: Path) -> None:
+    import pickle
+
+    evil, marker = tmp_path / "evil.pt", tmp_path / "code-ran"
+    evil.write_bytes(pickle.dumps(_Evil(marker)))
+    with pytest.raises(DetectorError, match="pickle.*--trust-detector-model"):
+        PersonDetector(str(evil))
+    assert not marker.exists(), "the pickle was loaded without trust"
+    with pytest.raises(DetectorError, match="cannot load detector weights"):
+        PersonDetector(str(evil), trust=True)  # trusted: Ultralytics unpickles it (and it is no model)
+    assert marker.exists(), "the hazard is real: a trusted pickle runs its code"
+
+
 def test_bad_input(yaml_detector: PersonDetector) -> None:
     with pytest.raises(ValueError, match=r"expected \(H, W, 3\) uint8 RGB"):
         yaml_detector.detect(np.zeros((10, 10), np.uint8))
-
-
-def test_every_n_uses_carried_boxes(yaml_detector: PersonDetector, monkeypatch: pytest.MonkeyPatch) -> None:
-    calls: list[int] = []
-    found = Detections(np.array([[10, 10, 50, 90], [60, 5, 99, 95]], np.float32), [0.9, 0.8], [7, 8])
-
-    def fake_run(image: np.ndarray) -> Detections:
-        calls.append(1)
-        return found
-
-    monkeypatch.setattr(yaml_detector, "_run", fake_run)
-    monkeypatch.setattr(yaml_detector, "every_n", 3)
-    yaml_detector.reset()
-    image = np.zeros((100, 100, 3), np.uint8)
-    assert len(yaml_detector.detect(image)) == 2 and len(calls) == 1  # frame 0: detector
-    moved = found.boxes + 1
-    moved[1] = np.nan  # lost person: dropped from the carried set
-    yaml_detector.carry(moved)
-    det = yaml_detector.detect(image)  # frame 1: carried
-    assert len(calls) == 1
-    np.testing.assert_array_equal(det.boxes, moved[:1])
-    np.testing.assert_array_equal(det.track_ids, [7])
-    yaml_detector.detect(image)  # frame 2: nothing carried since -> detector runs
-    assert len(calls) == 2
-    yaml_detector.detect(image)  # frame 3: scheduled run
-    assert len(calls) == 3
-    yaml_detector.reset()
 
 
 def test_full_frame_detector() -> None:
@@ -144,23 +174,26 @@ def test_full_frame_detector() -> None:
     assert FullFrameDetector.random_weights is False
 
 
-def test_boxes_from_keypoints() -> None:
-    xy = np.array(
+def test_carry_boxes() -> None:
+    xy = torch.tensor(
         [
             [[10, 20], [30, 60], [500, 500]],  # third point is below threshold
             [[90, 90], [120, 95], [0, 0]],  # reaches past the right edge after the margin
-            [[5, 5], [6, 6], [7, 7]],  # only one confident point
+            [[5, 5], [6, 6], [7, 7]],  # only one confident point: keeps its previous box
+            [[float("nan"), 5], [6, 6], [7, 7]],  # a non-finite keypoint: keeps its previous box
         ],
-        np.float32,
+        dtype=torch.float32,
     )
-    scores = np.array([[0.9, 0.9, 0.1], [0.9, 0.9, 0.0], [0.9, 0.0, 0.0]], np.float32)
-    boxes = boxes_from_keypoints(xy, scores, threshold=0.3, image_size=(100, 110), margin=0.1)
-    assert boxes.shape == (3, 4) and boxes.dtype == np.float32
-    np.testing.assert_allclose(boxes[0], [8, 16, 32, 64])
-    np.testing.assert_allclose(boxes[1], [87, 89.5, 110, 95.5])
-    assert np.isnan(boxes[2]).all()
-    with pytest.raises(ValueError, match="boxes_from_keypoints"):
-        boxes_from_keypoints(xy[0], scores, 0.3, (100, 100))
+    scores = torch.tensor([[0.9, 0.9, 0.1], [0.9, 0.9, 0.0], [0.9, 0.0, 0.0], [0.9, 0.9, 0.9]])
+    previous = torch.tensor([[0, 0, 1, 1], [0, 0, 2, 2], [1, 2, 3, 4], [5, 6, 7, 8]], dtype=torch.float32)
+    wh = torch.tensor([[110, 100]] * 4, dtype=torch.float32)
+    boxes = carry_boxes(xy, scores, threshold=0.3, frame_wh=wh, previous=previous, margin=0.1)
+    assert boxes.shape == (4, 4) and boxes.dtype == torch.float32
+    torch.testing.assert_close(boxes[0], torch.tensor([8.0, 16, 32, 64]))
+    torch.testing.assert_close(boxes[1], torch.tensor([87.0, 89.5, 110, 95.5]))
+    torch.testing.assert_close(boxes[2:], previous[2:])
+    with pytest.raises(ValueError, match="carry_boxes"):
+        carry_boxes(xy[0], scores, 0.3, wh, previous)
 
 
 class _FakeBoxes:
@@ -175,43 +208,36 @@ class _FakeBoxes:
 class _FakeYolo:
     """Stands in for a trained YOLO (no weights offline) to check the conversion to Detections."""
 
-    def __init__(self, ids: list | None) -> None:
-        self.ids, self.calls = ids, []
+    def __init__(self) -> None:
+        self.calls = []
 
-    def _result(self, image: np.ndarray, **kwargs: object) -> list:
+    def predict(self, image: np.ndarray, **kwargs: object) -> list:
         self.calls.append((image, kwargs))
-        boxes = _FakeBoxes([[0, 0, 5, 5], [1, 1, 9, 9], [2, 2, 4, 4]], [0.3, 0.9, 0.6], self.ids)
+        boxes = _FakeBoxes([[0, 0, 5, 5], [1, 1, 9, 9], [2, 2, 4, 4]], [0.3, 0.9, 0.6], None)
         return [type("Result", (), {"boxes": boxes})()]
 
-    predict = _result
-    track = _result
 
-
-@pytest.mark.parametrize("track", [False, True])
-def test_results_become_sorted_detections(
-    yaml_detector: PersonDetector, monkeypatch: pytest.MonkeyPatch, track: bool
-) -> None:
-    fake = _FakeYolo([4, 5, 6] if track else None)
+def test_results_become_sorted_detections(yaml_detector: PersonDetector, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = _FakeYolo()
     monkeypatch.setattr(yaml_detector, "model", fake)
-    monkeypatch.setattr(yaml_detector, "track", track)
     monkeypatch.setattr(yaml_detector, "max_persons", 2)
-    yaml_detector.reset()
     image = np.zeros((10, 10, 3), np.uint8)
     image[..., 0] = 255  # red in RGB must reach Ultralytics as BGR
     det = yaml_detector.detect(image)
     np.testing.assert_allclose(det.scores, [0.9, 0.6])
     np.testing.assert_array_equal(det.boxes, [[1, 1, 9, 9], [2, 2, 4, 4]])
-    np.testing.assert_array_equal(det.track_ids, [5, 6] if track else [-1, -1])
+    np.testing.assert_array_equal(det.track_ids, [-1, -1])
     sent, kwargs = fake.calls[0]
     assert sent[0, 0].tolist() == [0, 0, 255]
     assert kwargs["classes"] == [0] and kwargs["max_det"] == 2
-    if track:
-        assert kwargs["persist"] is True and kwargs["tracker"] == "bytetrack.yaml"
-    yaml_detector.reset()
+    assert "half" not in kwargs  # deprecated in Ultralytics (a warning per call); fp16 is quantize=16
 
 
 def test_detect_does_not_synchronise_the_device(monkeypatch) -> None:
-    """Ultralytics' step timer calls a device-wide synchronize; inside detect() it must not."""
+    """Ultralytics' step timer calls a device-wide synchronize; inside detect() it must not, and only
+    on the thread that is detecting: another thread's timer still synchronises meanwhile."""
+    import threading
+
     import ultralytics.utils.ops as ops
 
     from stages.detector import _no_device_sync
@@ -220,7 +246,7 @@ def test_detect_does_not_synchronise_the_device(monkeypatch) -> None:
 
     class FakeBackend:
         def synchronize(self, device) -> None:
-            calls.append(device)
+            calls.append(threading.current_thread().name)
 
     profile = ops.Profile()
     profile.accelerator = FakeBackend()  # as on a CUDA device
@@ -230,6 +256,9 @@ def test_detect_does_not_synchronise_the_device(monkeypatch) -> None:
     with _no_device_sync():
         with profile:
             pass
-    assert not calls
+        other = threading.Thread(target=profile.time, name="other")
+        other.start()
+        other.join()
+    assert calls == ["other"]  # only the other thread synchronised
     profile.time()
-    assert calls  # restored afterwards
+    assert calls == ["other", threading.current_thread().name]  # and ours again afterwards
