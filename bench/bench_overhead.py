@@ -51,7 +51,7 @@ from bench.harness import (  # noqa: E402
     table,
     wait_quiet,
 )
-from pipeline.engine import Clock, FrameEngine, Pending  # noqa: E402
+from pipeline.engine import Clock, FrameEngine, FrameWork, Pending  # noqa: E402
 from pipeline.runner import Runner  # noqa: E402
 from pipeline.sinks.jsonl import result_to_record  # noqa: E402
 from pipeline.sinks.publisher import ZmqPublisher  # noqa: E402
@@ -131,6 +131,13 @@ class PoseStub:
     def postprocess(self, heatmaps: torch.Tensor, boxes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         n = len(heatmaps)
         return self.xy[:n], self.scores[:n]
+
+    def run_batch(self, images: list[torch.Tensor], boxes: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        n = sum(len(b) for b in boxes)
+        return self.postprocess(self.infer(self.crops, n), torch.cat(boxes))
+
+    class fastpath:  # noqa: N801 - stands in for the estimator's FastPath
+        cuda_graphs = False
 
 
 class ListSource:
@@ -245,9 +252,9 @@ def bench_plumbing(r: Report, images: list[np.ndarray], device: torch.device, rn
 
     def finish_dense() -> None:
         f = frame()
-        pending = Pending(f, det.detect(f.image), Clock(device),
-                          outputs={"seg": seg, "matting": alpha, "matting.fg": fg})
-        seg_engine.finish(pending, True)
+        work = FrameWork(f, to_device_image(f.image, device), det.detect(f.image),
+                         outputs={"seg": seg, "matting": alpha, "matting.fg": fg})
+        seg_engine.finish(Pending([work], Clock(device)), True)
 
     r.add("plumbing", "engine finish, prepared seg + matte outputs", "ours", r.time(finish_dense), True,
           note="only when seg/matting run")

@@ -1,14 +1,28 @@
-"""Per-frame device work: upload once, overlapped stages on CUDA streams, results via pinned buffers.
+"""Device work of one step: upload once, overlapped stages on CUDA streams, results via pinned buffers.
 
-``FrameEngine.submit(frame)`` queues all device work of one frame and returns a ``Pending``;
-``Pending.collect()`` waits on that frame's own events (never a device-wide synchronize) and
-returns the host results. The runner submits frame t before collecting frame t-1, so the
-detector of t overlaps the Sapiens2 work of t-1. On the CPU the same code runs in order: the
-stream contexts are no-ops and the "events" are wall-clock stamps.
+A step is one frame of each of one or more sources (``submit_batch``): every dense stage runs one
+forward over all frames, the detector one batch, pose one forward over all persons of all frames.
+``submit_batch`` queues the work and returns a ``Pending``; ``finish_batch`` waits on that step's
+own events (never a device-wide synchronize) and returns one FrameResult per frame. The runner
+submits step t before finishing step t-1, so the detector of t overlaps the Sapiens2 work of t-1.
+On the CPU the same code runs in order: the stream contexts are no-ops and the "events" are
+wall-clock stamps.
 
 Stream layout: U upload -> S segmentation, M matting, N normals/pointmap start as soon as the
-frame is on the device; D detector (host loop of Ultralytics) in parallel; P pose waits only for
-its own frame's boxes.
+frames are on the device; D detector (host loop of Ultralytics) in parallel; P pose waits only for
+its own step's boxes.
+
+Per source the engine keeps: the session (a reopened source resets its tracks, carried boxes and
+smoothing), the ByteTrack tracker, and for ``detect_every > 1`` the boxes carried to the frames the
+detector skips. Carried boxes are computed on the device from the pose output of the frame before
+(``carry_boxes``) in the same person order as the scores and track ids they keep, so with
+pipelining (step t submitted before step t-1 finished) they are already there and never mixed up.
+
+Non-finite outputs: every output tensor of every stage (pose keypoints and scores, pointmap scale,
+...) is checked on the device; the flag travels with the results. In float16, a stage whose output
+is not finite falls back to bfloat16 (said once) and the step's stage is computed again; in other
+dtypes, or when bfloat16 does not help, the run stops with NonFiniteOutputError. Nothing
+non-finite is passed on.
 """
 
 from __future__ import annotations
@@ -20,8 +34,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from torch import Tensor
 
-from stages.detector import boxes_from_keypoints
+from stages.detector import ByteTracker, carry_boxes
 from stages.sapiens2.estimators import NonFiniteOutputError
 from stages.sapiens2.preprocess import to_device_image, upload
 from stages.smoothing import KeypointSmoother
@@ -30,6 +45,9 @@ from stages.types import Detections, Frame, FrameResult, Keypoints, Matte
 from .stages_setup import Stages
 
 log = logging.getLogger(__name__)
+
+DENSE_STREAMS = (("seg", "seg"), ("matting", "matting"), ("normal", "dense"), ("pointmap", "dense"))
+STREAM_NAMES = ("upload", "detect", "seg", "matting", "dense", "pose")
 
 
 class Clock:
@@ -64,125 +82,302 @@ class Clock:
 
 
 @dataclass
-class Pending:
-    """Device work of one frame in flight; collect() turns it into a FrameResult."""
+class Carry:
+    """Boxes for the frames the detector skips: on the device, aligned with the last detection's
+    scores and track ids (host)."""
+
+    boxes: Tensor  # (N, 4) xyxy on the device
+    scores: np.ndarray  # (N,)
+    track_ids: np.ndarray  # (N,)
+
+
+@dataclass
+class SourceState:
+    """What the engine remembers about one source between steps."""
+
+    submitted_session: int = 0
+    finished_session: int = 0
+    since_detect: int = 0  # frames since the detector last ran
+    carry: Carry | None = None
+    tracker: ByteTracker | None = None
+    smoother: KeypointSmoother | None = None
+
+
+@dataclass
+class FrameWork:
+    """One frame of a step in flight."""
 
     frame: Frame
-    detections: Detections
+    image: Tensor  # (3, H, W) uint8 on the device
+    detections: Detections  # scores and ids; boxes are replaced by the ones pose used (carried or detected)
+    carried: bool = False
+    boxes: Tensor | None = None  # (N, 4) the boxes pose ran on, on the device
+    persons: slice = field(default_factory=lambda: slice(0, 0))  # this frame's rows in the step's person batch
+    outputs: dict[str, Tensor] = field(default_factory=dict)  # host (pinned) tensors of the dense stages
+
+
+@dataclass
+class Pending:
+    """Device work of one step in flight; finish_batch() turns it into FrameResults."""
+
+    frames: list[FrameWork]
     clock: Clock
-    outputs: dict[str, torch.Tensor] = field(default_factory=dict)  # host (pinned) tensors
+    outputs: dict[str, Tensor] = field(default_factory=dict)  # host tensors of the step (pose, finite flags)
     done: list = field(default_factory=list)  # events to wait for (CUDA only)
     host_ms: dict[str, float] = field(default_factory=dict)
 
-    def collect(self) -> dict[str, np.ndarray]:
+    def wait(self) -> None:
         for event in self.done:
-            event.synchronize()  # this frame's work only
-        for name, flag in self.outputs.items():
-            if name.endswith(".finite") and not bool(flag):
-                stage = name.split(".")[0]
-                raise NonFiniteOutputError(
-                    f"{stage}: the model produced non-finite values (NaN/Inf); try --dtype bfloat16 or float32")
-        return {k: v.numpy() for k, v in self.outputs.items() if not k.endswith(".finite")}
+            event.synchronize()  # this step's work only
+        self.done.clear()
 
 
 class FrameEngine:
-    """Runs the configured stages on one frame at a time, overlapping them on CUDA streams."""
+    """Runs the configured stages on steps of frames, overlapping the stages on CUDA streams."""
 
     def __init__(self, stages: Stages, kpt_threshold: float = 0.3, detect_every: int = 1,
-                 smoother: KeypointSmoother | None = None, overlap: bool = True, pinned: bool = True) -> None:
+                 smoother: KeypointSmoother | None = None, overlap: bool = True, pinned: bool = True,
+                 track: bool = False) -> None:
         self.stages = stages
         self.pinned = pinned  # page-locked staging for uploads and downloads (off: pageable, host waits)
         self.device = stages.device
         self.cuda = self.device.type == "cuda"
         self.kpt_threshold = kpt_threshold
         self.detect_every = detect_every
-        self.smoother = smoother
-        # Frame.session of the last frame submitted / finished: a reopened source is a new stream,
-        # whose first frame resets tracks and carried boxes (at submit) and smoothing (at finish;
-        # frames finish in order, possibly after the next one was submitted).
-        self._submitted_session = self._finished_session = 0
-        names = ("upload", "detect", "seg", "matting", "dense", "pose")
-        graphs = [t for t, est in stages.estimators.items()
-                  if getattr(getattr(est, "fastpath", None), "cuda_graphs", False)]
+        self.track = track
+        self._smoother_template = smoother  # copied per source (its parameters, not its state)
+        self.sources: dict[str, SourceState] = {}
+        graphs = [t for t, est in stages.estimators.items() if est.fastpath.cuda_graphs]
         if self.cuda and overlap and graphs:
             # CUDA-graph replays of all compiled models share one memory pool; replays on different
             # streams could overwrite each other's outputs before they are copied out.
             log.info("CUDA graphs (%s): the stages run in order on one stream, not overlapped", ", ".join(graphs))
             overlap = False
         if self.cuda and overlap:
-            self.streams = {n: torch.cuda.Stream(self.device) for n in names}
-        elif self.cuda:  # serialised baseline for benchmarks: every stage on one stream, in order
+            self.streams = {n: torch.cuda.Stream(self.device) for n in STREAM_NAMES}
+        elif self.cuda:  # serialised: every stage on one stream, in order (CUDA graphs, or a benchmark baseline)
             one = torch.cuda.Stream(self.device)
-            self.streams = {n: one for n in names}
+            self.streams = {n: one for n in STREAM_NAMES}
         else:
             self.streams = {}
 
+    # -- set-up ---------------------------------------------------------------------------
+    def warm_up(self, max_persons: int = 8, max_frames: int = 1) -> dict[str, float]:
+        """Run every input shape once, each stage on the stream that will run it: compiled graphs
+        and CUDA graphs are recorded where they replay. Returns seconds per task."""
+        seconds = {}
+        stream_of = dict(DENSE_STREAMS, pose="pose")
+        for task, est in self.stages.estimators.items():
+            with self._stream(stream_of[task]):
+                seconds[task] = est.warmup(max_persons if task == "pose" else max_frames)
+        return seconds
+
+    def state(self, source_id: str) -> SourceState:
+        if source_id not in self.sources:
+            tmpl = self._smoother_template
+            smoother = None if tmpl is None else KeypointSmoother(tmpl.min_cutoff, tmpl.beta, tmpl.d_cutoff,
+                                                                  tmpl.max_age_s)
+            self.sources[source_id] = SourceState(tracker=ByteTracker() if self.track else None, smoother=smoother)
+        return self.sources[source_id]
+
+    @property
+    def smoother(self) -> KeypointSmoother | None:
+        """The smoother template (per-source copies hold the state)."""
+        return self._smoother_template
+
+    # -- the step -------------------------------------------------------------------------
+    def submit(self, frame: Frame) -> Pending:
+        return self.submit_batch([frame])
+
+    def finish(self, pending: Pending, random_weights: bool) -> FrameResult:
+        results = self.finish_batch(pending, random_weights)
+        assert len(results) == 1, "finish() is for one-frame steps; use finish_batch()"
+        return results[0]
+
+    @torch.inference_mode()
+    def submit_batch(self, frames: list[Frame]) -> Pending:
+        """Queue all device work of one step (one frame per source) and return without waiting."""
+        clock = Clock(self.device)
+        with self._stream("upload"):
+            clock.start("upload", self.streams.get("upload"))
+            works = [FrameWork(f, to_device_image(f.image, self.device, self.pinned), Detections.empty())
+                     for f in frames]
+            clock.stop("upload", self.streams.get("upload"))
+        uploaded = self._event("upload")
+        pending = Pending(works, clock)
+        for work in works:
+            state = self.state(work.frame.source_id)
+            if work.frame.session != state.submitted_session:
+                state.submitted_session = work.frame.session  # a new stream: nothing carries over
+                state.carry, state.since_detect = None, 0
+                if state.tracker is not None:
+                    state.tracker.reset()
+        # Full-frame stages start right after the upload, before the detector has run.
+        for task, stream_name in DENSE_STREAMS:
+            if task in self.stages.estimators:
+                self._dense(pending, task, stream_name, uploaded)
+        t0 = time.perf_counter()
+        with self._stream("detect"):
+            self._detect(works)
+        pending.host_ms["detect"] = (time.perf_counter() - t0) * 1000.0
+        if "pose" in self.stages.estimators and any(len(w.detections) for w in works):
+            self._pose(pending, uploaded)
+        return pending
+
+    def _dense(self, pending: Pending, task: str, stream_name: str, uploaded) -> None:
+        est = self.stages.estimators[task]
+        with self._stream(stream_name):
+            for work in pending.frames:
+                self._wait(uploaded, stream_name, work.image)
+            clock = pending.clock
+            clock.start(task, self.streams.get(stream_name))
+            per_frame, checked = est.run_batch([w.image for w in pending.frames])
+            clock.stop(task, self.streams.get(stream_name))
+            self._download(pending, pending.outputs, f"{task}.finite", all_finite(checked), stream_name)
+            for work, outputs in zip(pending.frames, per_frame):
+                for name, tensor in outputs.items():
+                    self._download(pending, work.outputs, name, tensor, stream_name)
+
+    def _detect(self, works: list[FrameWork]) -> None:
+        """Detector for the frames that are due (one batch), carried boxes for the others."""
+        due = []
+        for work in works:
+            state = self.state(work.frame.source_id)
+            if state.carry is not None and state.since_detect + 1 < self.detect_every:
+                state.since_detect += 1
+                carry = state.carry
+                work.detections = Detections(np.zeros((len(carry.scores), 4), np.float32), carry.scores,
+                                             carry.track_ids)
+                work.carried = True
+            else:
+                state.since_detect = 0
+                due.append(work)
+        found = self.stages.detector.detect_batch([w.frame.image for w in due]) if due else []
+        for work, detections in zip(due, found):
+            tracker = self.state(work.frame.source_id).tracker
+            work.detections = detections if tracker is None else tracker.update(detections, work.frame.image)
+
+    def _pose(self, pending: Pending, uploaded) -> None:
+        pose = self.stages.estimators["pose"]
+        with self._stream("pose"):
+            self._wait(uploaded, "pose", *(w.image for w in pending.frames))
+            pending.clock.start("pose", self.streams.get("pose"))
+            wh, start = [], 0
+            with_persons = [w for w in pending.frames if len(w.detections)]
+            for work in pending.frames:
+                n = len(work.detections)
+                work.persons = slice(start, start + n)
+                start += n
+                if n and work.boxes is None:  # set already when this step's pose runs again (fp16 fall-back)
+                    state = self.state(work.frame.source_id)
+                    work.boxes = state.carry.boxes if work.carried else upload(work.detections.boxes, self.device,
+                                                                                 self.pinned)
+                if n:
+                    wh.append(upload(np.tile(np.float32([work.frame.width, work.frame.height]), (n, 1)),
+                                     self.device, self.pinned))
+            boxes_t, wh_t = torch.cat([w.boxes for w in with_persons]), torch.cat(wh)  # (P, 4), (P, 2)
+            xy, scores = pose.run_batch([w.image for w in with_persons], [w.boxes for w in with_persons])
+            # Crops extend 25% beyond the box, so the model may place a keypoint off-image; the
+            # stream's consumers get in-frame coordinates (the score says how sure it is).
+            xy = torch.minimum(xy.clamp(min=0.0), (wh_t - 1.0)[:, None, :])  # (P, K, 2)
+            pending.clock.stop("pose", self.streams.get("pose"))
+            if self.detect_every > 1:
+                carried = carry_boxes(xy, scores, self.kpt_threshold, wh_t, boxes_t)  # (P, 4), on the device
+                for work in pending.frames:
+                    if len(work.detections):
+                        state = self.state(work.frame.source_id)
+                        state.carry = Carry(carried[work.persons], work.detections.scores,
+                                            work.detections.track_ids)
+            self._download(pending, pending.outputs, "pose.finite", all_finite([xy, scores]), "pose")
+            self._download(pending, pending.outputs, "pose.xy", xy, "pose")
+            self._download(pending, pending.outputs, "pose.scores", scores, "pose")
+            self._download(pending, pending.outputs, "pose.boxes", boxes_t, "pose")
+        for work in pending.frames:  # nothing to carry from a frame without persons: detect next time
+            if not len(work.detections):
+                self.state(work.frame.source_id).carry = None
+
+    # -- finishing ------------------------------------------------------------------------
+    def finish_batch(self, pending: Pending, random_weights: bool) -> list[FrameResult]:
+        """Wait for this step's results, make sure every output is finite, assemble the FrameResults."""
+        pending.wait()
+        self._ensure_finite(pending)
+        latency = {**pending.clock.millis(), **pending.host_ms}
+        host = {k: v.numpy() for k, v in pending.outputs.items() if not k.endswith(".finite")}
+        results = []
+        for work in pending.frames:
+            results.append(self._result(work, host, latency, random_weights))
+        return results
+
+    def _result(self, work: FrameWork, host: dict[str, np.ndarray], latency: dict[str, float],
+                random_weights: bool) -> FrameResult:
+        frame, det = work.frame, work.detections
+        state = self.state(frame.source_id)
+        if frame.session != state.finished_session:
+            state.finished_session = frame.session
+            if state.smoother is not None:
+                state.smoother.reset()
+        out = {k: v.numpy() for k, v in work.outputs.items()}
+        keypoints = None
+        if "pose" in self.stages.estimators:
+            if len(det) and "pose.xy" in host:
+                xy, scores = host["pose.xy"][work.persons], host["pose.scores"][work.persons]
+                det = Detections(host["pose.boxes"][work.persons], det.scores, det.track_ids)
+                if state.smoother is not None:
+                    xy = state.smoother(xy, det.track_ids, frame.capture_ns / 1e9)
+                keypoints = Keypoints(xy, scores)
+            else:
+                keypoints = Keypoints.empty(self.stages.estimators["pose"].model.cfg.num_labels)
+        matte = Matte(out["matting"], out["matting.fg"]) if "matting" in out else None
+        return FrameResult(frame=frame, detections=det, keypoints=keypoints, seg=out.get("seg"), matte=matte,
+                           normals=out.get("normal"), pointmap=out.get("pointmap"), latency_ms=dict(latency),
+                           random_weights=random_weights)
+
+    def _ensure_finite(self, pending: Pending) -> None:
+        """Every stage's flag; in float16 a failing stage falls back to bfloat16 and runs again."""
+        for name in [k for k in pending.outputs if k.endswith(".finite")]:
+            if bool(pending.outputs[name]):
+                continue
+            task = name.split(".")[0]
+            est = self.stages.estimators[task]
+            if est.model.dtype != torch.float16:
+                raise NonFiniteOutputError(
+                    f"{task}: the model produced non-finite values (NaN/Inf) in {str(est.model.dtype)[6:]}; "
+                    "check the checkpoint, or try --dtype float32")
+            log.warning("%s: float16 overflowed (non-finite output); this stage runs in bfloat16 from now on", task)
+            est.set_dtype(torch.bfloat16)
+            redo = Pending(pending.frames, Clock(self.device))
+            stream_of = dict(DENSE_STREAMS)
+            with torch.inference_mode():
+                if task == "pose":
+                    self._pose(redo, None)
+                else:
+                    self._dense(redo, task, stream_of[task], None)
+            redo.wait()
+            if not bool(redo.outputs[name]):
+                raise NonFiniteOutputError(f"{task}: non-finite output in float16 and in bfloat16; "
+                                           "check the checkpoint, or try --dtype float32")
+            pending.outputs.update(redo.outputs)
+            for work, again in zip(pending.frames, redo.frames):
+                work.outputs.update(again.outputs)
+
+    # -- device plumbing ------------------------------------------------------------------
     def _stream(self, name: str):
         return torch.cuda.stream(self.streams[name]) if self.cuda else contextlib.nullcontext()
 
-    def _download(self, pending: Pending, name: str, tensor: torch.Tensor, stream_name: str) -> None:
+    def _download(self, pending: Pending, into: dict, name: str, tensor: Tensor, stream_name: str) -> None:
         """Copy to a pinned host buffer on the stage's stream and remember the completion event
         (pinned off: a plain blocking copy to pageable memory)."""
         if self.cuda and not self.pinned:
-            pending.outputs[name] = tensor.cpu()
+            into[name] = tensor.cpu()
         elif self.cuda:
             host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
             host.copy_(tensor, non_blocking=True)
             event = torch.cuda.Event()
             event.record(self.streams[stream_name])
             pending.done.append(event)
-            pending.outputs[name] = host
+            into[name] = host
         else:
-            pending.outputs[name] = tensor
-
-    def _finite(self, pending: Pending, stage: str, tensor: torch.Tensor, stream_name: str) -> None:
-        self._download(pending, f"{stage}.finite", torch.isfinite(tensor).all(), stream_name)
-
-    @torch.inference_mode()
-    def submit(self, frame: Frame) -> Pending:
-        st = self.stages
-        if frame.session != self._submitted_session:
-            self._submitted_session = frame.session
-            st.detector.reset()
-        clock = Clock(self.device)
-        with self._stream("upload"):
-            clock.start("upload", self.streams.get("upload"))
-            image = to_device_image(frame.image, self.device, self.pinned)
-            clock.stop("upload", self.streams.get("upload"))
-        uploaded = self._event("upload")
-        pending = Pending(frame, Detections.empty(), clock)
-        # Full-frame stages start right after the upload, before the detector has run.
-        for task, stream_name in (("seg", "seg"), ("matting", "matting"), ("normal", "dense"), ("pointmap", "dense")):
-            est = st.estimators.get(task)
-            if est is None:
-                continue
-            with self._stream(stream_name):
-                self._wait(uploaded, stream_name, image)
-                clock.start(task, self.streams.get(stream_name))
-                outputs, raw = est.run(image)
-                clock.stop(task, self.streams.get(stream_name))
-                self._finite(pending, task, raw, stream_name)
-                for name, tensor in outputs.items():
-                    self._download(pending, name, tensor, stream_name)
-        # Detector: Ultralytics runs its own host loop; it syncs only with its own stream.
-        t0 = time.perf_counter()
-        with self._stream("detect"):
-            detections = st.detector.detect(frame.image)
-        pending.host_ms["detect"] = (time.perf_counter() - t0) * 1000.0
-        pending.detections = detections
-        pose = st.estimators.get("pose")
-        if pose is not None and len(detections):
-            with self._stream("pose"):
-                self._wait(uploaded, "pose", image)
-                clock.start("pose", self.streams.get("pose"))
-                boxes = upload(detections.boxes, self.device, self.pinned)
-                heatmaps = pose.infer(pose.preprocess(image, boxes), len(detections))
-                xy, scores = pose.postprocess(heatmaps, boxes)
-                clock.stop("pose", self.streams.get("pose"))
-                self._finite(pending, "pose", xy, "pose")
-                self._download(pending, "pose.xy", xy, "pose")
-                self._download(pending, "pose.scores", scores, "pose")
-        return pending
+            into[name] = tensor
 
     def _event(self, stream_name: str):
         if not self.cuda:
@@ -191,40 +386,17 @@ class FrameEngine:
         event.record(self.streams[stream_name])
         return event
 
-    def _wait(self, event, stream_name: str, tensor: torch.Tensor) -> None:
-        """Order a stage after the upload; tell the allocator the frame is in use on that stream."""
+    def _wait(self, event, stream_name: str, *tensors: Tensor) -> None:
+        """Order a stage after the upload; tell the allocator the frames are in use on that stream."""
         if event is not None:
             self.streams[stream_name].wait_event(event)
-            tensor.record_stream(self.streams[stream_name])
-
-    def finish(self, pending: Pending, random_weights: bool) -> FrameResult:
-        """Wait for this frame's results and assemble the FrameResult."""
-        host = pending.collect()
-        frame, det = pending.frame, pending.detections
-        if frame.session != self._finished_session:
-            self._finished_session = frame.session
-            if self.smoother is not None:
-                self.smoother.reset()
-        keypoints = None
-        if "pose" in self.stages.estimators:
-            if "pose.xy" in host:
-                xy, scores = host["pose.xy"], host["pose.scores"]
-                # Crops extend 25% beyond the box, so the model may place a keypoint off-image; the
-                # stream's consumers get in-frame coordinates (the score says how sure it is).
-                xy = np.clip(xy, 0.0, [frame.width - 1, frame.height - 1]).astype(np.float32)
-                if self.smoother is not None:
-                    xy = self.smoother(xy, det.track_ids, frame.capture_ns / 1e9)
-                keypoints = Keypoints(xy, scores)
-                if self.detect_every > 1:
-                    self.stages.detector.carry(
-                        boxes_from_keypoints(xy, scores, self.kpt_threshold, (frame.height, frame.width)))
-            else:
-                keypoints = Keypoints.empty(self.stages.estimators["pose"].model.cfg.num_labels)
-        matte = Matte(host["matting"], host["matting.fg"]) if "matting" in host else None
-        latency = {**pending.clock.millis(), **pending.host_ms}
-        return FrameResult(frame=frame, detections=det, keypoints=keypoints, seg=host.get("seg"), matte=matte,
-                           normals=host.get("normal"), pointmap=host.get("pointmap"), latency_ms=latency,
-                           random_weights=random_weights)
+            for tensor in tensors:
+                tensor.record_stream(self.streams[stream_name])
 
 
-__all__ = ["FrameEngine", "Pending", "Stages"]
+def all_finite(tensors: list[Tensor]) -> Tensor:
+    """One device bool: every value of every tensor is finite (no host sync)."""
+    return torch.stack([torch.isfinite(t).all() for t in tensors]).all()
+
+
+__all__ = ["FrameEngine", "Pending", "Stages", "all_finite"]

@@ -1,4 +1,8 @@
-"""Building the stages a run needs from its config: checkpoints (hub, local, or tiny fallback) and detector."""
+"""Building the stages a run needs from its config: checkpoints (hub, local, or tiny fallback) and detector.
+
+Every checkpoint is located first (hub cache or download, local path) and only then are models
+loaded, so a missing checkpoint fails in seconds with one line instead of after the other models.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +17,7 @@ from stages.detector import Detector, DetectorError, FullFrameDetector, PersonDe
 from stages.sapiens2.estimators import ESTIMATORS
 from stages.sapiens2.fastpath import FastPath
 from stages.sapiens2.tiny import make_tiny
-from stages.sapiens2.weights import CheckpointError, load_model
+from stages.sapiens2.weights import CheckpointError, is_hub_id, load_model, locate
 
 from .config import RunConfig
 
@@ -41,27 +45,48 @@ def tiny_dir(task: str) -> Path:
 
 
 def pick_device(name: str) -> torch.device:
+    """The run's device; a CUDA device also becomes the current one, so that every library that
+    says just "cuda" (Ultralytics included) lands on it."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise CheckpointError(f"device {name!r} requested but CUDA is not available; use --device cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise CheckpointError(f"device {name!r} is not a device; use auto, cpu, cuda or cuda:N") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise CheckpointError(f"device {name!r} requested but CUDA is not available; use --device cpu")
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        if index >= torch.cuda.device_count():
+            raise CheckpointError(f"device {name!r}: only {torch.cuda.device_count()} CUDA device(s) here")
+        torch.cuda.set_device(index)
+        device = torch.device("cuda", index)
+    elif device.type != "cpu":
+        raise CheckpointError(f"device {name!r} is not supported; use auto, cpu, cuda or cuda:N")
     return device
 
 
-def _load(task: str, cfg: RunConfig, device: torch.device, notes: list[str]):
-    source = cfg.checkpoints.get(task, hub_id(task, cfg.model_size))
-    try:
-        return load_model(source, device=device, dtype=cfg.dtype, fuse_qkv=cfg.fuse_qkv)
-    except CheckpointError as exc:
-        if not cfg.fallback_tiny:
-            raise
-        folder = tiny_dir(task)
-        if not (folder / "model.safetensors").exists():
-            make_tiny(folder, task)
-        notes.append(f"{task}: {source} unavailable ({str(exc).split(';')[0].split(': ', 1)[-1]}); "
-                     f"running on a tiny RANDOM-WEIGHT checkpoint, outputs are meaningless")
-        return load_model(folder, device=device, dtype=cfg.dtype, fuse_qkv=cfg.fuse_qkv)
+def checkpoint_sources(cfg: RunConfig) -> dict[str, Path]:
+    """Where each task's checkpoint is (hub ids resolved through the cache or downloaded); the tiny
+    random checkpoint where the real one cannot be had and ``fallback_tiny`` allows it. Raises
+    CheckpointError naming the first that cannot be found, before any model loads."""
+    found: dict[str, Path] = {}
+    for task in cfg.tasks:
+        source = cfg.checkpoints.get(task, hub_id(task, cfg.model_size))
+        try:
+            found[task] = locate(source)
+        except CheckpointError as exc:
+            if not cfg.fallback_tiny:
+                if is_hub_id(source):
+                    raise CheckpointError(f"{exc}; or pass --fallback-tiny to try the pipeline on tiny "
+                                          "random-weight checkpoints") from None
+                raise
+            folder = tiny_dir(task)
+            if not (folder / "model.safetensors").exists():
+                make_tiny(folder, task)
+            log.debug("%s: %s", task, exc)
+            found[task] = folder
+    return found
 
 
 def _input_size(task: str, cfg: RunConfig, model) -> tuple[int, int]:
@@ -73,21 +98,26 @@ def _input_size(task: str, cfg: RunConfig, model) -> tuple[int, int]:
     return wanted
 
 
-def build_stages(cfg: RunConfig) -> Stages:
+def build_stages(cfg: RunConfig, device: torch.device | None = None) -> Stages:
     """Load every model the run needs; fall back to tiny random checkpoints only when allowed."""
-    device = pick_device(cfg.device)
+    device = device or pick_device(cfg.device)
     notes: list[str] = []
+    sources = checkpoint_sources(cfg)
+    for task, path in sources.items():
+        wanted = cfg.checkpoints.get(task, hub_id(task, cfg.model_size))
+        if path == tiny_dir(task) and str(wanted) != str(path):
+            notes.append(f"{task}: {wanted} unavailable; running on a tiny RANDOM-WEIGHT checkpoint, outputs "
+                         "are meaningless")
+    detector = build_detector(cfg, device, notes)  # before the models: a bad detector fails fast
     estimators = {}
     fastpath = fastpath_from(cfg)
-    for task in cfg.tasks:
-        model = _load(task, cfg, device, notes)
+    for task, path in sources.items():
+        model = load_model(path, device=device, dtype=cfg.dtype, fuse_qkv=cfg.fuse_qkv)
         kwargs = {"flip_test": cfg.flip_test, "buckets": cfg.pose_buckets} if task == "pose" else {}
         estimators[task] = ESTIMATORS[task](model, input_size=_input_size(task, cfg, model), fastpath=fastpath,
                                             **kwargs)
-    warmup_s = warm_up(estimators, cfg, device)
-    detector = build_detector(cfg, device, notes)
     random = any(e.random_weights for e in estimators.values()) or detector.random_weights
-    return Stages(device, detector, estimators, random, notes, warmup_s)
+    return Stages(device, detector, estimators, random, notes)
 
 
 def fastpath_from(cfg: RunConfig) -> FastPath:
@@ -95,25 +125,18 @@ def fastpath_from(cfg: RunConfig) -> FastPath:
     return FastPath(attention=cfg.attention, channels_last=cfg.channels_last, compile=cfg.compile)
 
 
-def warm_up(estimators: dict, cfg: RunConfig, device: torch.device) -> dict[str, float]:
-    """Run every input shape once before the first frame: compiles (when on) and cuDNN autotuning
-    happen here instead of stalling the stream. Skipped on CPU without compile (nothing to gain)."""
-    if cfg.compile == "off" and device.type != "cuda":
-        return {}
-    seconds = {task: est.warmup(cfg.max_persons) for task, est in estimators.items()}
-    what = "compile warm-up" if cfg.compile != "off" else "warm-up"
-    log.info("%s %.1f s (%s)", what, sum(seconds.values()), ", ".join(f"{t} {s:.1f} s" for t, s in seconds.items()))
-    return seconds
-
-
 def build_detector(cfg: RunConfig, device: torch.device, notes: list[str]) -> Detector:
+    """YOLO restricted to people (or the whole frame). Only the default model name, when it cannot be
+    downloaded and ``fallback_tiny`` is on, falls back to the full frame; a model the user named
+    that cannot be had is an error."""
     if cfg.detector == "full-frame" or "pose" not in cfg.tasks:
         return FullFrameDetector()
     try:
         return PersonDetector(cfg.detector_model, conf=cfg.det_conf, iou=cfg.det_iou, max_persons=cfg.max_persons,
-                              imgsz=cfg.det_imgsz, device=str(device), track=cfg.track, every_n=cfg.detect_every)
+                              imgsz=cfg.det_imgsz, device=device, trust=cfg.trust_detector_model)
     except DetectorError as exc:
-        if not cfg.fallback_tiny:
+        default = cfg.detector_model == RunConfig.detector_model
+        if not (cfg.fallback_tiny and default):
             raise
         notes.append(f"detector: {str(exc).splitlines()[0]} -> using the full frame as one person instead")
         return FullFrameDetector()

@@ -4,8 +4,9 @@ On CUDA, ``torch.tensor(..., device="cuda")`` or ``torch.as_tensor(numpy, device
 blocking copy from pageable memory: the host waits for the stream, so the engine cannot queue the
 next frame while this one computes and the stages stop overlapping. Constants are made once
 (``device_constant``) and host arrays go through ``upload`` (pinned, non-blocking). This machine
-has no GPU, so the test watches for the pattern itself on the CPU; bench/device_bench.py counts the
-real synchronisations on a GPU.
+has no GPU, so the test watches for the pattern itself on the CPU, through the code the GPU runs
+(pose crops sampled the "select" way, as on CUDA, as well as the CPU's per-box way);
+bench/device_bench.py counts the real synchronisations on a GPU, the pinned copies included.
 """
 
 from __future__ import annotations
@@ -31,20 +32,19 @@ class TwoPeople:
         boxes = np.array([[10, 10, 60, 90], [50, 20, 110, 95]], np.float32)
         return Detections(boxes, np.ones(2, np.float32), np.arange(2))
 
-    def carry(self, boxes) -> None:
-        pass
-
-    def reset(self) -> None:
-        pass
+    def detect_batch(self, images: list[np.ndarray]) -> list[Detections]:
+        return [self.detect(image) for image in images]
 
 
-@pytest.fixture(scope="module")
-def engine(tmp_path_factory):
+@pytest.fixture(scope="module", params=["select", "per-box"])
+def engine(tmp_path_factory, request):
     estimators = {}
     for task in ("pose", "seg", "matting", "normal"):
         folder = make_tiny(tmp_path_factory.mktemp(task), task, image_size=(64, 48))
-        estimators[task] = ESTIMATORS[task](load_model(folder, device="cpu"))
-    return FrameEngine(Stages(torch.device("cpu"), TwoPeople(), estimators))
+        kwargs = {"crop_sampling": request.param} if task == "pose" else {}
+        estimators[task] = ESTIMATORS[task](load_model(folder, device="cpu"), **kwargs)
+    # detect_every=2: the second frame takes the boxes carried on the device from the first one's keypoints
+    return FrameEngine(Stages(torch.device("cpu"), TwoPeople(), estimators), detect_every=2)
 
 
 def _frame(i: int) -> Frame:
@@ -67,8 +67,10 @@ def test_warm_engine_makes_no_tensors_from_host_data(engine, monkeypatch):
     monkeypatch.setattr(torch, "tensor", watch("tensor", real_tensor))
     monkeypatch.setattr(torch, "as_tensor", watch("as_tensor", real_as_tensor))
     monkeypatch.setattr(torch.Tensor, "new_tensor", watch("new_tensor", real_new_tensor))
-    pending = engine.submit(_frame(1))
+    pendings = [engine.submit(_frame(1)), engine.submit(_frame(2))]  # one detected, one carried
     assert calls == [], f"per-frame path built tensors from host data: {calls}"
-    result = engine.finish(pending, False)
+    assert sorted(p.frames[0].carried for p in pendings) == [False, True]  # the carried path ran too
+    result = engine.finish(pendings[0], False)
+    engine.finish(pendings[1], False)
     assert result.keypoints.xy.shape == (2, 308, 2) and result.seg.shape == (100, 120)
     assert result.matte is not None and result.normals.shape == (100, 120, 3)

@@ -1,4 +1,4 @@
-"""A reopened source is a new stream: the engine resets tracks and smoothing on its first frame."""
+"""A reopened source is a new stream: the engine resets its tracks and smoothing on its first frame."""
 
 from __future__ import annotations
 
@@ -7,17 +7,19 @@ import torch
 
 from pipeline.engine import FrameEngine
 from pipeline.stages_setup import Stages
-from stages.detector import FullFrameDetector
+from stages.detector import ByteTracker, FullFrameDetector
 from stages.smoothing import KeypointSmoother
 from stages.types import Frame
 
 
-class CountingDetector(FullFrameDetector):
+class CountingTracker(ByteTracker):
     def __init__(self) -> None:
+        super().__init__()
         self.resets = 0
 
     def reset(self) -> None:
         self.resets += 1
+        super().reset()
 
 
 class CountingSmoother(KeypointSmoother):
@@ -30,19 +32,24 @@ class CountingSmoother(KeypointSmoother):
         super().reset()
 
 
-def frame(index: int, session: int) -> Frame:
-    return Frame(index, np.zeros((8, 8, 3), np.uint8), index, None, index, "cam", session)
+def frame(index: int, session: int, source: str = "cam") -> Frame:
+    return Frame(index, np.zeros((8, 8, 3), np.uint8), index, None, index, source, session)
 
 
 def test_first_frame_of_a_new_session_resets_tracks_and_smoothing() -> None:
-    detector, smoother = CountingDetector(), CountingSmoother()
-    engine = FrameEngine(Stages(torch.device("cpu"), detector), smoother=smoother)
+    engine = FrameEngine(Stages(torch.device("cpu"), FullFrameDetector()), smoother=KeypointSmoother(), track=True)
+    tracker, smoother = CountingTracker(), CountingSmoother()
+    state = engine.state("cam")
+    state.tracker, state.smoother = tracker, smoother
+    other = engine.state("other")
+    other.tracker, other.smoother = CountingTracker(), CountingSmoother()
     sessions = [0, 0, 1, 1, 1, 3]
     pending = []
     for i, session in enumerate(sessions):
-        pending.append(engine.submit(frame(i, session)))
+        pending.append(engine.submit_batch([frame(i, session), frame(i, 0, "other")]))
         if i == 2:  # the pipelined order: frame 2 (new session) submitted before frame 1 finished
-            assert (detector.resets, smoother.resets) == (1, 0)
+            assert (tracker.resets, smoother.resets) == (1, 0)
     for p in pending:
-        engine.finish(p, random_weights=False)
-    assert (detector.resets, smoother.resets) == (2, 2)  # sessions 1 and 3, once each
+        engine.finish_batch(p, random_weights=False)
+    assert (tracker.resets, smoother.resets) == (2, 2)  # sessions 1 and 3, once each
+    assert (other.tracker.resets, other.smoother.resets) == (0, 0)  # another source keeps its state

@@ -153,11 +153,24 @@ def test_fastpath_rejects_unknown_values(kwargs, key):
         FastPath(**kwargs)
 
 
-def test_warmup_runs_every_bucket(tiny_dirs):
+def test_warmup_runs_every_bucket(tiny_dirs, monkeypatch):
     pose = _estimator(tiny_dirs["pose"], "pose")
     assert pose.warmup_batches(8) == [1, 2, 4, 8] and pose.warmup_batches(40) == [*BATCH_BUCKETS, 32, 48]
-    assert _estimator(tiny_dirs["seg"], "seg").warmup_batches(8) == [1]
-    assert pose.warmup(max_batch=2) > 0
+    seg = _estimator(tiny_dirs["seg"], "seg")
+    assert seg.warmup_batches(1) == [1] and seg.warmup_batches(3) == [1, 2, 3]  # frames per step
+    for est, max_batch, want in ((pose, 5, [1, 2, 4, 8]), (seg, 2, [1, 2])):
+        seen: list[int] = []
+        real = est.forward
+        monkeypatch.setattr(est, "forward", lambda pixels, real=real, seen=seen: (seen.append(len(pixels)),
+                                                                                   real(pixels))[1])
+        assert est.warmup(max_batch=max_batch) > 0
+        assert seen == want, f"{est.task}: the forward ran on batches {seen}, not on every one of {want}"
+    monkeypatch.setattr(type(pose.fastpath), "cuda_graphs", property(lambda self: True))
+    seen = []
+    real = pose.forward
+    monkeypatch.setattr(pose, "forward", lambda pixels: (seen.append(len(pixels)), real(pixels))[1])
+    pose.warmup(max_batch=2)
+    assert seen == [1, 1, 1, 2, 2, 2]  # CUDA graphs: warm-up, record, replay of every shape
 
 
 def test_compile_matches_eager(tmp_path):
@@ -211,9 +224,9 @@ def test_config_rejects_bad_fast_path_values_naming_the_key(key, value):
 
 
 def test_record_codecs_match_the_recorder():
-    from pipeline.sinks.recorder import _FALLBACKS
+    from pipeline.sinks.recorder import FALLBACKS
 
-    assert set(RECORD_CODECS) == set(_FALLBACKS)
+    assert set(RECORD_CODECS) == set(FALLBACKS)
 
 
 # -- JPEG of published frames ------------------------------------------------------------------------
@@ -249,7 +262,7 @@ def _assert_same_image(got: np.ndarray, want: np.ndarray) -> None:
 
 
 def test_gpu_jpeg_without_cuda_takes_the_cpu_path(caplog):
-    caplog.set_level(logging.INFO, "pipeline.sinks.publisher")
+    caplog.set_level(logging.INFO, "pipeline.sinks.jpeg")
     result = _frame_result()
     pub = ZmqPublisher("tcp://127.0.0.1:*", jpeg_quality=90, gpu_jpeg=True)
     if torch.cuda.is_available():

@@ -54,10 +54,20 @@ class _Estimator:
                              f"not {self.task}")
         self.input_size = tuple(input_size or self.model.cfg.image_size)
         check_image_size(self.input_size, self.model.cfg.patch_size)
-        self.fastpath = (fastpath or FastPath()).resolve(self.model, self.input_size)
+        self._requested = fastpath or FastPath()
+        self._setup_forward()
+
+    def _setup_forward(self) -> None:
+        self.fastpath = self._requested.resolve(self.model, self.input_size)
         self.model.set_channels_last(bool(self.fastpath.channels_last))
         self._forward = compile_model(self.model, self.fastpath.compile, self.input_size)
         log.info("%s fast path: %s", self.task, self.fastpath.describe(self.model))
+
+    def set_dtype(self, dtype: torch.dtype) -> None:
+        """Cast the model to another compute dtype (e.g. float16 -> bfloat16 after an overflow) and
+        set its forward up again (attention kernels are probed and graphs compiled for the new dtype)."""
+        self.model.set_precision(dtype)
+        self._setup_forward()
 
     @property
     def device(self) -> torch.device:
@@ -83,11 +93,13 @@ class _Estimator:
         return maps, scale
 
     def warmup_batches(self, max_batch: int) -> list[int]:
-        """Batch sizes this estimator will see in a stream of up to ``max_batch`` persons."""
-        return [1]
+        """Batch sizes this estimator will see: frames per step for the full-frame stages (1 to
+        ``max_batch`` sources), person buckets for pose."""
+        return list(range(1, max(1, max_batch) + 1))
 
     def _warmup_once(self, image: Tensor, batch: int) -> None:
-        self.infer(self.preprocess(image))
+        pixels = self.preprocess(image)
+        self.infer(pixels.expand(batch, *pixels.shape[1:]))
 
     @torch.inference_mode()
     def warmup(self, max_batch: int = 8) -> float:
@@ -119,8 +131,9 @@ class PoseEstimator(_Estimator):
     def __init__(self, model: Sapiens2 | str | os.PathLike, input_size: tuple[int, int] | None = None,
                  flip_test: bool = False, flip_pairs: np.ndarray | None = None, blur_kernel: int = 11,
                  padding: float = 1.25, max_refine_offset: float | None = 1.0, buckets: bool = True,
-                 **kwargs) -> None:
+                 crop_sampling: str = "auto", **kwargs) -> None:
         super().__init__(model, input_size, **kwargs)
+        self.crop_sampling = crop_sampling  # see preprocess.crop_persons
         self.flip_test, self.blur_kernel, self.padding = flip_test, blur_kernel, padding
         # Pad the person batch to a bucket (1/2/4/8/16): few shapes for cuDNN autotuning, compiled
         # graphs and CUDA graphs, at the cost of the padding rows. Off: the batch is the person count.
@@ -134,7 +147,7 @@ class PoseEstimator(_Estimator):
 
     def preprocess(self, image: Tensor, boxes: Tensor) -> Tensor:
         """(3, H, W) uint8 + (N, 4) xyxy -> (bucket(N), 3, h, w) crops; padding rows are zeros."""
-        crops = crop_persons(image, boxes, self.input_size, self.padding)
+        crops = crop_persons(image, boxes, self.input_size, self.padding, self.crop_sampling)
         n = crops.shape[0]
         pad = bucket(n) - n if n and self.buckets else 0
         if pad:
@@ -166,6 +179,19 @@ class PoseEstimator(_Estimator):
         return decode_pose(heatmaps, boxes, self.input_size, self.blur_kernel, self.padding, self.max_refine_offset)
 
     @torch.inference_mode()
+    def run_batch(self, images: list[Tensor], boxes: list[Tensor]) -> tuple[Tensor, Tensor]:
+        """Persons of several frames in one forward: images (3, H, W) uint8 and their boxes (n_i, 4)
+        -> keypoints (sum n_i, K, 2) image pixels and scores (sum n_i, K), frames in order."""
+        crops = torch.cat([crop_persons(image, b, self.input_size, self.padding, self.crop_sampling)
+                           for image, b in zip(images, boxes)])
+        n = crops.shape[0]
+        pad = bucket(n) - n if n and self.buckets else 0
+        if pad:
+            crops = torch.cat((crops, crops.new_zeros(pad, *crops.shape[1:])))
+        heatmaps = self.infer(crops, n)
+        return self.postprocess(heatmaps, torch.cat(boxes))
+
+    @torch.inference_mode()
     def predict(self, image: np.ndarray, boxes: np.ndarray) -> Keypoints:
         """image (H, W, 3) uint8 RGB, boxes (N, 4) xyxy pixels -> Keypoints in image pixels."""
         boxes = np.asarray(boxes, dtype=np.float32).reshape(-1, 4)
@@ -193,15 +219,27 @@ class _FrameEstimator(_Estimator):
         raise NotImplementedError
 
     @torch.inference_mode()
-    def run(self, image: Tensor) -> tuple[dict[str, Tensor], Tensor]:
-        """(3, H, W) uint8 frame on the device -> (outputs at frame size, raw head maps for the finite check)."""
-        raw = self.infer(self.preprocess(image))
-        return self.postprocess(raw, (image.shape[1], image.shape[2])), raw[0]
+    def run_batch(self, images: list[Tensor]) -> tuple[list[dict[str, Tensor]], list[Tensor]]:
+        """(3, H, W) uint8 frames on the device (sizes may differ) -> one forward over all of them ->
+        (each frame's outputs at its size, every tensor to check for non-finite values)."""
+        maps, scale = self.infer(torch.cat([self.preprocess(image) for image in images]))
+        outputs = []
+        for i, image in enumerate(images):
+            raw = (maps[i:i + 1], None if scale is None else scale[i:i + 1])
+            outputs.append(self.postprocess(raw, (image.shape[1], image.shape[2])))
+        checked = [maps] if scale is None else [maps, scale]
+        return outputs, checked + [t for out in outputs for t in out.values() if t.is_floating_point()]
+
+    def run(self, image: Tensor) -> tuple[dict[str, Tensor], list[Tensor]]:
+        """One (3, H, W) uint8 frame -> (its outputs at frame size, the tensors to check for non-finite values)."""
+        outputs, checked = self.run_batch([image])
+        return outputs[0], checked
 
     def predict_host(self, image: np.ndarray) -> dict[str, np.ndarray]:
         """image (H, W, 3) uint8 RGB -> this stage's named outputs as numpy arrays (checked finite)."""
-        outputs, raw = self.run(self.image_tensor(image))
-        check_finite(raw, self.task)
+        outputs, checked = self.run(self.image_tensor(image))
+        for tensor in checked:
+            check_finite(tensor, self.task)
         return {name: t.cpu().numpy() for name, t in outputs.items()}
 
 

@@ -9,9 +9,10 @@
   back to "auto" with one warning instead of failing mid-stream.
 - ``channels_last``: the decode head's convolutions run in NHWC (faster cuDNN kernels on tensor
   cores). ``None`` means on for CUDA, off for CPU.
-- ``compile``: ``torch.compile`` of the whole model forward with static shapes (the pose batch
-  buckets keep the number of shapes small). "reduce-overhead" replays CUDA graphs. Opt-in: the
-  first call of every shape compiles, which the estimators' ``warmup()`` does up front and times.
+- ``compile``: ``torch.compile`` of the whole model forward with static shapes and ``fullgraph``
+  (the pose batch buckets keep the number of shapes small). "reduce-overhead" and "max-autotune"
+  replay CUDA graphs (Inductor says which modes do). Opt-in: the first call of every shape
+  compiles, which the estimators' ``warmup()`` does up front (on the stream that replays) and times.
 
 Fused QKV (one GEMM for q, k and v) is a load-time option (``load_model(fuse_qkv=...)``) and is
 reported here with the rest.
@@ -40,7 +41,7 @@ ATTENTION_BACKENDS = {
     "cudnn": SDPBackend.CUDNN_ATTENTION,
     "math": SDPBackend.MATH,
 }
-COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune")
+COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 _warned: set[str] = set()
 
 
@@ -56,7 +57,7 @@ class FastPath:
 
     attention: str = "auto"  # auto | flash | efficient | cudnn | math
     channels_last: bool | None = None  # None: on for CUDA, off for CPU
-    compile: str = "off"  # off | default | reduce-overhead | max-autotune
+    compile: str = "off"  # one of COMPILE_MODES
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION_BACKENDS:
@@ -68,7 +69,9 @@ class FastPath:
 
     @property
     def cuda_graphs(self) -> bool:
-        return self.compile == "reduce-overhead"
+        """Whether Inductor captures CUDA graphs in this compile mode (asked of Inductor itself:
+        reduce-overhead and max-autotune both do)."""
+        return compile_captures_cuda_graphs(self.compile)
 
     def resolve(self, model: Sapiens2, input_size: tuple[int, int] | None = None) -> FastPath:
         """Concrete options for this model on its device (at this input size): auto filled in,
@@ -86,8 +89,9 @@ class FastPath:
                 attention = "auto"
         compile_mode = self.compile
         if self.cuda_graphs and device.type != "cuda":
-            _warn_once("compile='reduce-overhead' (CUDA graphs) needs CUDA; using compile='default'")
-            compile_mode = "default"
+            fallback = {"reduce-overhead": "default", "max-autotune": "max-autotune-no-cudagraphs"}[compile_mode]
+            _warn_once(f"compile={compile_mode!r} captures CUDA graphs, which need CUDA; using compile={fallback!r}")
+            compile_mode = fallback
         return replace(self, attention=attention, channels_last=channels_last, compile=compile_mode)
 
     def describe(self, model: Sapiens2 | None = None) -> str:
@@ -97,6 +101,15 @@ class FastPath:
         parts += [f"attention={self.attention}", f"channels_last={onoff[self.channels_last]}",
                   f"compile={self.compile}"]
         return " ".join(parts)
+
+
+def compile_captures_cuda_graphs(mode: str) -> bool:
+    """True when ``torch.compile(mode=mode)`` makes Inductor record and replay CUDA graphs."""
+    if mode == "off":
+        return False
+    from torch._inductor import list_mode_options
+
+    return bool(list_mode_options(mode).get("triton.cudagraphs", False))
 
 
 def attention_context(attention: str) -> contextlib.AbstractContextManager:
@@ -147,7 +160,8 @@ def compile_model(model: Sapiens2, mode: str,
     # compiles again once the table is there.
     patch = model.cfg.patch_size
     model.backbone.rope(input_size[0] // patch, input_size[1] // patch, model.device)
-    return torch.compile(model, mode=mode, dynamic=False)
+    # fullgraph: a graph break is an error at warm-up, not a silent slowdown on every frame.
+    return torch.compile(model, mode=mode, dynamic=False, fullgraph=True)
 
 
 __all__ = ["ATTENTION_BACKENDS", "COMPILE_MODES", "FastPath", "attention_context", "compile_model",

@@ -57,11 +57,14 @@ def normalize(pixels: Tensor) -> Tensor:
     return (pixels.float() - mean) / std
 
 
-def crop_persons(image: Tensor, boxes_xyxy: Tensor, input_size: tuple[int, int], padding: float = 1.25) -> Tensor:
+def crop_persons(image: Tensor, boxes_xyxy: Tensor, input_size: tuple[int, int], padding: float = 1.25,
+                 sampling: str = "auto") -> Tensor:
     """Affine-warp each box to the model input: (3, H, W) uint8 + (N, 4) -> (N, 3, h, w) normalised.
 
-    Bilinear where the crop shrinks, bicubic where it enlarges, zeros outside the image. On a GPU
-    both samplings are computed and selected per box, so no host sync is needed.
+    Bilinear where the crop shrinks, bicubic where it enlarges, zeros outside the image.
+    ``sampling``: "select" computes both samplings and selects per box (no host sync: the GPU way),
+    "per-box" samples each crop once with its own filter (needs the choice on the host: the CPU
+    way, 3x faster there); "auto" picks by the image's device. Both give the same crops.
     """
     out_h, out_w = input_size
     _, in_h, in_w = image.shape
@@ -82,7 +85,9 @@ def crop_persons(image: Tensor, boxes_xyxy: Tensor, input_size: tuple[int, int],
     grid = torch.stack((2.0 * in_x / (in_w - 1) - 1.0, 2.0 * in_y / (in_h - 1) - 1.0), dim=-1)  # (N, h, w, 2)
     shrink = torch.minimum(scale_x, scale_y) < 1.0  # (N,) bilinear where the crop shrinks
     pixels = image.float().unsqueeze(0)  # (1, 3, H, W)
-    if image.device.type == "cpu":
+    if sampling == "auto":
+        sampling = "per-box" if image.device.type == "cpu" else "select"
+    if sampling == "per-box":
         # No device to keep busy: sample each crop once, with its own filter (bicubic costs 4x).
         out = torch.empty(n, 3, out_h, out_w)
         for mode, chosen in (("bilinear", shrink), ("bicubic", ~shrink)):

@@ -111,14 +111,27 @@ def resolve_hub(repo_id: str) -> Path:
         raise CheckpointError(f"{repo_id}: could not fetch from the Hugging Face hub ({type(exc).__name__}: {exc})") from None
 
 
+def is_hub_id(source: str | os.PathLike) -> bool:
+    """True when ``source`` names a hub repo (``owner/name``) rather than a local path."""
+    path = Path(source)
+    looks_like_file = path.suffix in (".safetensors", ".pt", ".pth", ".bin", ".ckpt", ".json")
+    return (not path.exists() and isinstance(source, str) and bool(HUB_ID.match(source)) and not looks_like_file
+            and not source.startswith((".", "/")))
+
+
+def locate(source: str | os.PathLike) -> Path:
+    """The local folder or file of a source: a hub id is resolved through the cache (downloaded
+    when online); a missing local path raises CheckpointError. Loads nothing."""
+    path = resolve_hub(str(source)) if is_hub_id(source) else Path(source)
+    if not path.exists():
+        raise CheckpointError(f"{source}: no such checkpoint file, folder or hub id")
+    return path
+
+
 def load_state(source: str | os.PathLike, image_size: tuple[int, int] | None = None
                ) -> tuple[Sapiens2Config, dict[str, Tensor], dict[str, str], str]:
     """(config, state dict in original names, safetensors metadata, description) for a source."""
-    path = Path(source)
-    looks_like_file = path.suffix in (".safetensors", ".pt", ".pth", ".bin", ".ckpt", ".json")
-    if not path.exists() and isinstance(source, str) and HUB_ID.match(source) and not looks_like_file \
-            and not source.startswith((".", "/")):
-        path = resolve_hub(source)
+    path = locate(source)
     if path.is_dir():
         config_path = path / "config.json"
         if not config_path.exists():
@@ -133,8 +146,6 @@ def load_state(source: str | os.PathLike, image_size: tuple[int, int] | None = N
         if detect_layout(list(sd)) == "reference":
             sd = reference_to_original(sd, cfg.task)
         return cfg, sd, meta, str(path)
-    if not path.exists():
-        raise CheckpointError(f"{source}: no such checkpoint file, folder or hub id")
     sd, meta = read_safetensors(path)
     if detect_layout(list(sd)) == "reference":
         task = _reference_task(sd, path)
