@@ -112,8 +112,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     stop = threading.Event()
 
     def request_stop(signum, _frame) -> None:
+        # Never abandon the shutdown: an interrupted encoder flush would leave a broken recording.
+        # (Shutdown is bounded: every join has a timeout. SIGKILL still ends it at once, and even
+        # then the recording keeps all but its last fragment.)
         if stop.is_set():
-            raise KeyboardInterrupt  # second signal: stop waiting for a clean finish
+            log.warning("%s received again: still finishing the outputs, this takes a moment",
+                        signal.Signals(signum).name)
+            return
         log.warning("%s received: finishing and closing outputs", signal.Signals(signum).name)
         stop.set()
 

@@ -18,6 +18,8 @@ from typing import Any
 
 import yaml
 
+from sapiens2_client.endpoints import check_endpoint
+from sapiens2_client.wire import check_source_id
 from stages.errors import ConfigError
 from stages.sapiens2.config import TASKS
 from stages.sapiens2.fastpath import ATTENTION_BACKENDS, COMPILE_MODES
@@ -25,6 +27,7 @@ from stages.sapiens2.fastpath import ATTENTION_BACKENDS, COMPILE_MODES
 __all__ = ["ConfigError", "RunConfig", "load_config", "merge", "option"]
 
 RECORD_CODECS = ("libx264", "h264", "mpeg4", "h264_nvenc", "hevc_nvenc")  # as pipeline.sinks.recorder accepts them
+ANNOTATION_LAYERS = ("matte", "seg", "boxes", "pose", "hud")
 DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 AUTO_KEYS = ("channels_last",)  # bool-or-null keys where "auto" (or null) means: decided by the device
 
@@ -111,6 +114,8 @@ class RunConfig:
     detector: str = option("yolo", "person detector (full-frame: the whole frame is one person)",
                            choices=["yolo", "full-frame"])
     detector_model: str = option("yolo11n.pt", "YOLO weights (.pt) or architecture (.yaml, random weights)")
+    trust_detector_model: bool = option(False, "load a .pt detector that is not an official Ultralytics name "
+                                               "(a .pt is a pickle: it runs code when loaded)")
     det_conf: float = option(0.25, "detector confidence threshold, 0..1")
     det_iou: float = option(0.7, "detector NMS IoU threshold, 0..1")
     max_persons: int = option(8, "most persons per frame (highest scores)")
@@ -124,13 +129,19 @@ class RunConfig:
     smooth_beta: float = option(0.05, "One-Euro speed coefficient")
     # outputs
     record: str | None = option(None, "write the annotated video here (.mp4, .mkv, .mov)")
+    record_fragment_s: float = option(1.0, "at most this many seconds of a recording are lost if the process "
+                                           "is killed or the disk fills (fragment length)")
     record_codec: str = option("libx264", "recording encoder; *_nvenc use the GPU's encoder and fall back to "
                                           "libx264, then mpeg4", choices=list(RECORD_CODECS))
     save_keypoints: str | None = option(None, "write one JSON line per frame here (.jsonl)")
-    publish: str | None = option(None, "ZeroMQ endpoint to publish on, e.g. tcp://127.0.0.1:5555")
+    publish: str | None = option(None, "ZeroMQ endpoint to bind and publish on, e.g. tcp://127.0.0.1:5555")
+    publish_connect: str | None = option(None, "publish by connecting to a broker's XSUB endpoint instead, e.g. "
+                                               "tcp://broker:5556")
     jpeg_quality: int = option(80, "JPEG quality of published frames, 1..100")
     gpu_jpeg: bool = option(False, "JPEG-encode published frames on the GPU (nvJPEG) when CUDA is present")
     curve_dir: str | None = option(None, "CURVE keys folder from `sapiens2-stream keys` (encrypt + authenticate)")
+    curve_client: str = option("pipeline", "with --publish-connect and --curve-dir: the client key name this "
+                                           "pipeline uses towards the broker")
     show: bool = option(False, "preview window")
     annotate: list[str] = option(help="layers drawn on recorded/published frames, bottom-up",
                                  factory=lambda: ["matte", "seg", "boxes", "pose", "hud"])
@@ -141,6 +152,7 @@ class RunConfig:
     log_level: str = option("info", "log level", choices=["debug", "info", "warning", "error"])
 
     def validate(self) -> RunConfig:
+        """Every value checked on its own and against the others; ConfigError names the key."""
         self.dtype = DTYPE_ALIASES.get(self.dtype, self.dtype)
         bad = [t for t in self.tasks if t not in TASKS]
         if bad or not self.tasks:
@@ -149,17 +161,46 @@ class RunConfig:
             value = getattr(self, key)
             if len(value) != 2 or any(v <= 0 or v % 16 for v in value):
                 raise ConfigError(f"{key}: expected [height, width], positive multiples of 16, got {value}")
-        if self.detect_every < 1 or self.max_persons < 1:
-            raise ConfigError("detect_every and max_persons must be at least 1")
         for key, value in FIELDS.items():
             choices = value.metadata.get("choices")
             if choices and getattr(self, key) not in choices:
                 raise ConfigError(f"{key}: {getattr(self, key)!r} is not one of {', '.join(choices)}")
+        for key, low in (("detect_every", 1), ("max_persons", 1), ("max_frames", 1), ("det_imgsz", 32)):
+            value = getattr(self, key)
+            if value is not None and value < low:
+                raise ConfigError(f"{key}: must be at least {low}, got {value}")
+        if self.det_imgsz % 32:
+            raise ConfigError(f"det_imgsz: must be a multiple of 32, got {self.det_imgsz}")
+        for key in ("det_conf", "det_iou", "kpt_threshold"):
+            if not 0.0 <= getattr(self, key) <= 1.0:
+                raise ConfigError(f"{key}: must be within 0..1, got {getattr(self, key)}")
+        for key in ("stall_timeout_s", "smooth_min_cutoff", "record_fragment_s"):
+            if not getattr(self, key) > 0:
+                raise ConfigError(f"{key}: must be positive, got {getattr(self, key)}")
+        if self.smooth_beta < 0:
+            raise ConfigError(f"smooth_beta: must be at least 0, got {self.smooth_beta}")
         if not 1 <= self.jpeg_quality <= 100:
-            raise ConfigError("jpeg_quality must be within 1..100")
+            raise ConfigError(f"jpeg_quality: must be within 1..100, got {self.jpeg_quality}")
         unknown_ckpt = [t for t in self.checkpoints if t not in TASKS]
         if unknown_ckpt:
-            raise ConfigError(f"checkpoints: unknown task {unknown_ckpt[0]!r}")
+            raise ConfigError(f"checkpoints: unknown task {unknown_ckpt[0]!r}; choose from {', '.join(TASKS)}")
+        unknown_layers = [a for a in self.annotate if a not in ANNOTATION_LAYERS]
+        if unknown_layers:
+            raise ConfigError(f"annotate: unknown layer {unknown_layers[0]!r}; choose from "
+                              f"{', '.join(ANNOTATION_LAYERS)}")
+        if self.source_id is not None:
+            try:
+                check_source_id(self.source_id)
+            except ValueError as exc:
+                raise ConfigError(f"source_id: {exc}") from None
+        if self.publish and self.publish_connect:
+            raise ConfigError("publish and publish_connect: choose one (bind an endpoint, or connect to a broker)")
+        for key, bind in (("publish", True), ("publish_connect", False)):
+            if getattr(self, key):
+                try:
+                    check_endpoint(getattr(self, key), bind=bind)
+                except ValueError as exc:
+                    raise ConfigError(f"{key}: {exc}") from None
         return self
 
 

@@ -1,8 +1,10 @@
-"""The main loop: source -> engine (device work, one frame in flight) -> sink thread (annotate, write).
+"""The main loop: source -> engine (device work, one step in flight) -> sink thread (annotate, write).
 
 Threads: the source's decode thread, this loop, and one sink thread; they talk through bounded
 queues and share a stop event. Any failure stops everything with one error; sinks are always
-closed, so recordings and keypoint files are finalised.
+closed, so recordings and keypoint files are finalised, and a sink that fails to finalise (a full
+disk during the flush) makes that the run's error. Source events (stalled, reconnecting, resumed)
+travel to the sinks through the same queue as the frames, so they land between the right frames.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from sapiens2_client.timing import RateMeter
 from stages.annotate import Annotator
@@ -42,6 +44,13 @@ class RunStats:
         return self.rate.overall
 
 
+@dataclass(frozen=True)
+class SourceEvent:
+    """A health change of a source, on its way to the sinks in frame order."""
+
+    record: dict[str, Any]
+
+
 class SinkWorker(threading.Thread):
     """Annotates finished frames and hands them to every sink, off the device loop."""
 
@@ -64,10 +73,19 @@ class SinkWorker(threading.Thread):
                     continue
                 if item is _SENTINEL:
                     return
-                self._handle(item)
+                if isinstance(item, SourceEvent):
+                    self._event(item.record)
+                else:
+                    self._handle(item)
         except BaseException as exc:  # reported by the main loop as the run's one error
             self.stats.error = self.stats.error or exc
             self.stop.set()
+
+    def _event(self, record: dict[str, Any]) -> None:
+        for sink in self.sinks:
+            handler = getattr(sink, "event", None)
+            if handler is not None:
+                handler(record)
 
     def _handle(self, result: FrameResult) -> None:
         t0 = time.perf_counter()
@@ -98,10 +116,11 @@ class Runner:
                  on_result: Callable[[FrameResult], None] | None = None,
                  on_idle: Callable[[Source], None] | None = None, stop: threading.Event | None = None,
                  info: StreamInfo | None = None, pipelined: bool | None = None,
-                 wants_image: Callable[[], bool] | None = None) -> None:
+                 wants_image: Callable[[], bool] | None = None,
+                 on_event: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.source, self.engine, self.sinks, self.annotator = source, engine, sinks, annotator
         self.random_weights, self.max_frames = random_weights, max_frames
-        self.on_result, self.on_idle = on_result, on_idle
+        self.on_result, self.on_idle, self.on_event = on_result, on_idle, on_event
         self.stop = stop or threading.Event()
         self.info = info  # stream facts for the sinks (defaults to the source's)
         # Pipelined: queue frame t+1 before collecting frame t, so the GPU never waits for the host.
@@ -127,6 +146,7 @@ class Runner:
         finally:
             self.stop.set()  # the worker drains what is queued, then exits
             if worker.is_alive():
+                self._forward_events(worker)
                 worker.put(_SENTINEL)
                 worker.join(_JOIN_S)
                 if worker.is_alive():
@@ -136,14 +156,21 @@ class Runner:
                 try:
                     sink.close()
                 except Exception as exc:  # keep closing the others; report the first problem
-                    log.error("closing %s failed: %s", type(sink).__name__, exc)
+                    log.debug("closing %s failed", type(sink).__name__, exc_info=True)
                     self.stats.error = self.stats.error or exc
         return self.stats
+
+    def _forward_events(self, worker: SinkWorker) -> None:
+        for record in getattr(self.source, "poll_events", list)():
+            if self.on_event is not None:
+                self.on_event(record)
+            worker.put(SourceEvent(record))
 
     def _loop(self, worker: SinkWorker) -> None:
         in_flight = None
         submitted = 0
         while not self.stop.is_set():
+            self._forward_events(worker)
             try:
                 # With a frame in flight, only take a next frame that is already waiting: otherwise
                 # finish the in-flight one now instead of holding its results for a whole frame period.
@@ -178,5 +205,6 @@ class Runner:
 
     def _finish(self, pending, worker: SinkWorker) -> bool:
         result = self.engine.finish(pending, self.random_weights)
-        result.drops = {"source": self.source.frames_dropped, "reopens": self.source.reopens}
+        result.drops = {"source": self.source.frames_dropped, "reopens": self.source.reopens,
+                        "decode_errors": getattr(self.source, "decode_errors", 0)}
         return worker.put(result)

@@ -329,6 +329,7 @@ def test_missing_hub_weights_without_fallback(tiny: Path, cli_env: dict[str, str
                    "--no-progress"], cli_env, tmp_path)
     last = assert_one_clear_error(ran, "facebook/sapiens2-pose")
     assert "hf download facebook/sapiens2-pose-0.4b" in last and "local checkpoint" in last, last
+    assert "--fallback-tiny" in last, last  # the way to try it anyway is named
     assert "RANDOM" not in ran.stderr  # no silent fallback
 
 

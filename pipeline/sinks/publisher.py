@@ -2,15 +2,23 @@
 
 It never blocks the pipeline: each send is non-blocking with ZMQ_XPUB_NODROP, so a full
 subscriber queue raises ``Again`` and the drop is counted. With isolate_subscribers=True (the
-default) the message is then sent again in lossy mode so every subscriber with room still
-gets it; libzmq then skips the full subscriber silently until it reads again, so the
-publisher's drop counters are a lower bound (one per stall) and subscribers see the rest as
-frame_index gaps (Subscriber.stats.missed). With isolate_subscribers=False every drop is
-counted exactly, but a stalled subscriber holds back its topics for all subscribers. Queues are bounded per subscriber by one high-water mark
-(``sndhwm`` messages of any kind; libzmq stops enforcing it when SNDHWM is changed on live
-connections, so kinds cannot get separate marks on one socket). Images are only encoded for topics that somebody subscribes to (the
-XPUB socket reports subscriptions). A background thread publishes ``status`` messages every
-``status_interval_s`` even when the pipeline stalls.
+default) the message is then sent again in lossy mode so every subscriber with room still gets
+it; libzmq then skips the full subscriber silently until it reads again, so the publisher's drop
+counters are a lower bound (one per stall, not per message lost) and subscribers learn exactly
+what they missed from ``frame_index`` gaps. Queues are bounded per subscriber by one high-water
+mark (``sndhwm`` messages of any kind). Images are only encoded for topics that somebody
+subscribes to (the XPUB socket reports subscriptions).
+
+One publisher serves every source of a run (``open`` once per source): topics are
+``KIND.<source_id>``. A background thread publishes each source's ``status`` every
+``status_interval_s`` even when the pipeline stalls, and at once when a source's health changes
+(``event``), so ``stalled`` and ``reconnecting`` reach subscribers however short they last.
+
+Binding (``bind()``, called before any model loads so a taken port fails in seconds) or
+connecting to a broker's XSUB side (``connect=True``). With CURVE the publisher is the server when
+it binds (client keys in ``authorized/``, re-read when an unknown key knocks) and a client of the
+broker when it connects. A subscriber refused by CURVE, or one whose handshake fails (no keys),
+is logged as a warning; binding a non-loopback address without CURVE warns too.
 """
 
 from __future__ import annotations
@@ -27,44 +35,35 @@ import numpy as np
 import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
+from zmq.utils.monitor import recv_monitor_message
 
 from sapiens2_client import wire
+from sapiens2_client.endpoints import check_endpoint, is_loopback
+from sapiens2_client.keys import CurveClientKeys, CurveServerKeys, KeysError
 from sapiens2_client.timing import RateMeter
 from stages.types import FrameResult, StreamInfo
 
+from .jpeg import JpegEncoder
+
 log = logging.getLogger(__name__)
+
+__all__ = ["CurveClientKeys", "CurveServerKeys", "JpegEncoder", "PublishError", "ZmqPublisher"]
+
+_HANDSHAKE_EVENTS = {
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "failed",
+    zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "failed (protocol: no or wrong CURVE keys?)",
+    zmq.EVENT_HANDSHAKE_FAILED_AUTH: "refused by CURVE authentication",
+}
+_WARN_EVERY_S = 10.0
 
 
 class PublishError(RuntimeError):
     """The publisher could not be set up (bad endpoint, port in use, missing keys)."""
 
 
-@dataclass(frozen=True)
-class CurveServerKeys:
-    """The publisher's CURVE key pair and the directory of allowed client public keys."""
-
-    public: bytes
-    secret: bytes
-    authorized_dir: Path
-
-    @classmethod
-    def from_dir(cls, keys_dir: str | Path) -> CurveServerKeys:
-        """Load ``server.key_secret`` and ``authorized/`` made by ``sapiens2-stream keys DIR``."""
-        keys_dir = Path(keys_dir)
-        secret_file, authorized = keys_dir / "server.key_secret", keys_dir / "authorized"
-        if not secret_file.is_file() or not authorized.is_dir():
-            raise PublishError(
-                f"{keys_dir} lacks server.key_secret or authorized/; create it with `sapiens2-stream keys {keys_dir}`"
-            )
-        public, secret = zmq.auth.load_certificate(secret_file)
-        if secret is None:
-            raise PublishError(f"{secret_file} holds no secret key")
-        return cls(public=public, secret=secret, authorized_dir=authorized)
-
-
 @dataclass
 class PublisherStats:
-    """Counters of one publisher, keyed by message kind."""
+    """Counters of one publisher, keyed by message kind (all sources together)."""
 
     frames: int = 0
     sent: dict[str, int] = field(default_factory=lambda: collections.Counter())
@@ -72,12 +71,50 @@ class PublisherStats:
     encoded: dict[str, int] = field(default_factory=lambda: collections.Counter())
 
 
+@dataclass
+class _Source:
+    """What the status of one source reports."""
+
+    info: StreamInfo
+    health: str = "ok"
+    frames: int = 0
+    last_index: int = -1
+    pipeline_drops: dict[str, int] = field(default_factory=dict)
+    rate: RateMeter = field(default_factory=RateMeter)
+
+
+class _CurveKeyring:
+    """ZAP callback: a client key is accepted when its public key is in ``authorized/``; an unknown
+    key makes the folder be read again (clients added while running), and a refusal is a warning."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self._keys = self._load()
+        self._last_warning = 0.0
+
+    def _load(self) -> set[bytes]:
+        return {key for key in zmq.auth.load_certificates(str(self.folder))} if self.folder.is_dir() else set()
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        if key in self._keys:
+            return True
+        self._keys = self._load()
+        if key in self._keys:
+            return True
+        now = time.monotonic()
+        if now - self._last_warning > _WARN_EVERY_S:
+            self._last_warning = now
+            log.warning("CURVE: refused a subscriber whose public key %s is not in %s", key.decode(), self.folder)
+        return False
+
+
 class ZmqPublisher:
     """Publishes keypoints, frames (JPEG), seg (PNG), matte (PNG) and status over an XPUB socket.
 
     endpoint is bound (or connected to a broker's XSUB side when connect=True); a port of ``*``
-    picks a free one, read back from ``.endpoint`` after open(). sndhwm counts queued messages
-    of every kind per subscriber (32 = about 8 frames when all four kinds are subscribed).
+    picks a free one, read back from ``.endpoint`` after bind(). sndhwm counts queued messages of
+    every kind per subscriber (32 = about 8 frames when all four kinds are subscribed). curve:
+    the server keys when binding, or the client keys (with the broker's public key) when connecting.
     """
 
     def __init__(
@@ -91,13 +128,20 @@ class ZmqPublisher:
         isolate_subscribers: bool = True,
         status_interval_s: float = 1.0,
         linger_ms: int = 500,
-        curve: CurveServerKeys | None = None,
+        curve: CurveServerKeys | CurveClientKeys | None = None,
         gpu_jpeg: bool = False,
     ) -> None:
         if header_format not in wire.HEADER_FORMATS:
             raise ValueError(f"header_format must be msgpack or json, got {header_format!r}")
         if not 1 <= jpeg_quality <= 100:
             raise ValueError(f"jpeg_quality must be in 1..100, got {jpeg_quality}")
+        try:
+            check_endpoint(endpoint, bind=not connect)
+        except ValueError as exc:
+            raise PublishError(str(exc)) from None
+        if curve is not None and isinstance(curve, CurveClientKeys) != connect:
+            raise PublishError("CURVE: a publisher that binds needs the server keys, one that connects to a broker "
+                               "the client keys")
         self.requested_endpoint = endpoint
         self.connect = connect
         self.header_format = header_format
@@ -110,39 +154,38 @@ class ZmqPublisher:
         self.jpeg = JpegEncoder(jpeg_quality, "auto" if gpu_jpeg else None)
         self.stats = PublisherStats()
         self.endpoint = endpoint
-        self._health = "starting"
-        self._info: StreamInfo | None = None
+        self._sources: dict[str, _Source] = {}
         self._ctx: zmq.Context | None = None
         self._sock: zmq.Socket | None = None
+        self._monitor: zmq.Socket | None = None
         self._auth: ThreadAuthenticator | None = None
         self._lock = threading.Lock()  # guards the socket: write() and the status thread share it
         self._subscriptions: set[bytes] = set()
-        self._pipeline_drops: dict[str, int] = {}
-        self._last_index = -1
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._rate = RateMeter(max(status_interval_s, 0.5))  # published frames per second
+        self._handshake_warned = (0.0, 0)  # (last warning, failures since)
 
-    # -- Sink protocol ------------------------------------------------------------------------
-    def open(self, info: StreamInfo) -> None:
-        """Create the socket (and CURVE authenticator), bind or connect, start the status thread."""
-        wire.check_source_id(info.source_id)
-        self._info = info
+    # -- set-up -----------------------------------------------------------------------------
+    def bind(self) -> None:
+        """Create the socket (and CURVE authenticator) and bind or connect; PublishError when that
+        fails. Idempotent; ``open`` calls it when nobody did."""
+        if self._sock is not None:
+            return
         self._ctx = zmq.Context()
         try:
-            if self.curve is not None:
+            sock = self._ctx.socket(zmq.XPUB)
+            if isinstance(self.curve, CurveServerKeys):
                 self._auth = ThreadAuthenticator(self._ctx)
                 self._auth.start()
-                self._auth.configure_curve(domain="*", location=str(self.curve.authorized_dir))
-            sock = self._ctx.socket(zmq.XPUB)
+                self._auth.configure_curve_callback(domain="*", credentials_provider=_CurveKeyring(
+                    self.curve.authorized_dir))
             sock.setsockopt(zmq.XPUB_VERBOSE, 1)
             sock.setsockopt(zmq.XPUB_NODROP, 1)  # a full queue makes send raise Again: drops are counted
             sock.setsockopt(zmq.SNDHWM, self.sndhwm)
             sock.setsockopt(zmq.LINGER, self.linger_ms)
             if self.curve is not None:
-                sock.curve_secretkey = self.curve.secret
-                sock.curve_publickey = self.curve.public
-                sock.curve_server = True
+                self.curve.apply(sock)
+            self._monitor = sock.get_monitor_socket(sum(_HANDSHAKE_EVENTS))
             self._sock = sock
             if self.connect:
                 sock.connect(self.requested_endpoint)
@@ -155,73 +198,90 @@ class ZmqPublisher:
             raise PublishError(
                 f"cannot {verb} {self.requested_endpoint}: {e}; choose another endpoint (e.g. tcp://127.0.0.1:*)"
             ) from e
-        self._health = "ok"
-        self._rate = RateMeter(max(self.status_interval_s, 0.5))
+        if not self.connect and self.curve is None and not is_loopback(self.endpoint):
+            log.warning("publishing on %s without CURVE: anyone who can reach it reads the stream unencrypted; "
+                        "create keys with `sapiens2-stream keys DIR` and pass --curve-dir DIR", self.endpoint)
         self._thread = threading.Thread(target=self._status_loop, name="zmq-status", daemon=True)
         self._thread.start()
-        log.info("publishing %s on %s", info.source_id, self.endpoint)
+        log.info("publishing on %s%s", self.endpoint, " (connected to a broker)" if self.connect else "")
+
+    # -- Sink protocol ----------------------------------------------------------------------
+    def open(self, info: StreamInfo) -> None:
+        """Register a source (bind first if needed): its topics are ``KIND.<source_id>``."""
+        wire.check_source_id(info.source_id)
+        self.bind()
+        with self._lock:
+            self._sources[info.source_id] = _Source(info, rate=RateMeter(max(self.status_interval_s, 0.5)))
 
     def write(self, result: FrameResult) -> None:
         """Publish one frame's messages; never blocks (full queues drop and count)."""
-        assert self._info is not None and self._sock is not None, "open() first"
+        assert self._sock is not None, "open() first"
         frame = result.frame
-        src = self._info.source_id
+        src = frame.source_id if frame.source_id in self._sources else next(iter(self._sources))
+        source = self._sources[src]
         with self._lock:
             self._poll_subscriptions()
             self.stats.frames += 1
-            self._last_index = frame.index
-            self._pipeline_drops = dict(result.drops)
+            source.frames += 1
+            source.last_index = frame.index
+            source.pipeline_drops = dict(result.drops)
             wanted = {k: self._is_subscribed(wire.topic_for(k, src)) for k in ("keypoints", *wire.IMAGE_KINDS)}
-            drops = self._all_drops()
+            drops = self._all_drops(source)
         meta = wire.FrameMeta(
-            source_id=src,
-            frame_index=frame.index,
-            pts=frame.pts,
-            time_base=frame.time_base,
-            capture_ns=frame.capture_ns,
-            latency_ms=dict(result.latency_ms),
-            drops=drops,
-            width=frame.width,
-            height=frame.height,
-            random_weights=result.random_weights or self._info.random_weights,
+            source_id=src, frame_index=frame.index, pts=frame.pts, time_base=frame.time_base,
+            capture_ns=frame.capture_ns, latency_ms=dict(result.latency_ms), drops=drops, width=frame.width,
+            height=frame.height, random_weights=result.random_weights or source.info.random_weights,
+            session=frame.session,
         )
         fields = wire.meta_fields(meta)
-        messages: list[tuple[str, list[wire.Part], dict]] = []
+        encoded = []
         if wanted["keypoints"]:
-            kp_parts = _keypoint_parts(result)
-            n, k = kp_parts[0].array.shape[:2]
-            messages.append(("keypoints", kp_parts, {"num_persons": n, "num_keypoints": k}))
+            parts = _keypoint_parts(result)
+            n, k = parts[0].array.shape[:2]
+            encoded.append(("keypoints", self._encode("keypoints", {**fields, "num_persons": n, "num_keypoints": k},
+                                                      parts)))
         if wanted["frame"]:
             image = result.annotated if result.annotated is not None else frame.image
-            messages.append(("frame", [wire.Part("image", image, "jpeg")], {"annotated": result.annotated is not None}))
+            encoded.append(("frame", self._encode_frame({**fields, "annotated": result.annotated is not None},
+                                                        image)))
         if wanted["seg"] and result.seg is not None:
-            messages.append(("seg", [wire.Part("classes", result.seg, "png")], {}))
+            encoded.append(("seg", self._encode("seg", fields, [wire.Part("classes", result.seg, "png")])))
         if wanted["matte"] and result.matte is not None:
             alpha = np.clip(np.rint(result.matte.alpha * 255.0), 0, 255).astype(np.uint8)  # (H, W)
-            messages.append(("matte", [wire.Part("alpha", alpha, "png")], {"alpha_scale": 255}))
-        encoded = []
-        for kind, parts, extra in messages:
-            if kind == "frame":
-                encoded.append((kind, self._encode_frame({**fields, **extra}, parts[0].array)))
-            else:
-                encoded.append((kind, self._encode(kind, {**fields, **extra}, parts)))
+            encoded.append(("matte", self._encode("matte", {**fields, "alpha_scale": 255},
+                                                  [wire.Part("alpha", alpha, "png")])))
         with self._lock:
             for kind, frames in encoded:
                 self._send(kind, frames)
-            self._rate.tick()
+            source.rate.tick()
+
+    def event(self, record: dict[str, Any]) -> None:
+        """A source changed health (``{"event": "stalled", "source_id": ..., "time_ns": ...}``):
+        publish its status now, with the event."""
+        with self._lock:
+            source = self._sources.get(str(record.get("source_id")))
+            if source is None:
+                return
+            source.health = {"resumed": "ok"}.get(record["event"], record["event"])
+            self._publish_status(source, record)
 
     def close(self) -> None:
-        """Stop the status thread, send a last status, close sockets with bounded linger."""
+        """Stop the status thread, send a last status per source, close sockets with bounded linger."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=max(2.0, 2 * self.status_interval_s))
             self._thread = None
         if self._sock is not None:
             with self._lock:
-                self._health = "closed"
-                self._publish_status()
+                for source in self._sources.values():
+                    source.health = "closed"
+                    self._publish_status(source)
+                self._sock.disable_monitor()
                 self._sock.close(linger=self.linger_ms)
                 self._sock = None
+        if self._monitor is not None:
+            self._monitor.close(linger=0)
+            self._monitor = None
         if self._auth is not None:
             self._auth.stop()
             self._auth = None
@@ -230,9 +290,11 @@ class ZmqPublisher:
             self._ctx = None
 
     # -- public helpers -----------------------------------------------------------------------
-    def set_health(self, health: str) -> None:
-        """Set the source health reported in status ("ok", "stalled", "reconnecting", ...)."""
-        self._health = str(health)
+    def set_health(self, health: str, source_id: str | None = None) -> None:
+        """Set the health reported in status ("ok", "stalled", "reconnecting", ...) of a source (all: None)."""
+        for sid, source in self._sources.items():
+            if source_id is None or sid == source_id:
+                source.health = str(health)
 
     def subscribed(self, topic: str) -> bool:
         """Whether some subscriber's prefix matches topic (reads pending subscription messages)."""
@@ -250,29 +312,19 @@ class ZmqPublisher:
         return True
 
     # -- internals (callers hold self._lock where a socket is touched) --------------------------
-    def _encode(self, kind: str, fields: dict, parts: list[wire.Part]) -> list[bytes]:
+    def _encode(self, kind: str, fields: dict, parts: list[wire.Part],
+                encoded_parts: tuple[tuple[dict, bytes], ...] = ()) -> list[bytes]:
         self.stats.encoded[kind] += 1
-        return wire.encode(
-            kind,
-            fields["source_id"],
-            fields,
-            parts,
-            publish_ns=time.time_ns(),
-            header_format=self.header_format,
-            jpeg_quality=self.jpeg_quality,
-        )
+        return wire.encode(kind, fields["source_id"], fields, parts, publish_ns=time.time_ns(),
+                           header_format=self.header_format, jpeg_quality=self.jpeg_quality,
+                           encoded_parts=encoded_parts)
 
     def _encode_frame(self, fields: dict, image: np.ndarray) -> list[bytes]:
-        """The frame message; JPEG from the GPU encoder when it is on and works, else wire's CPU path."""
+        """The frame message; JPEG from the GPU encoder when it is on and works, else the CPU's."""
         data = self.jpeg.encode(image)
         if data is None:
             return self._encode("frame", fields, [wire.Part("image", image, "jpeg")])
-        frames = self._encode("frame", fields, [])
-        header = wire.load_header(frames[1])
-        # The descriptor wire writes for a CPU-encoded JPEG part: subscribers cannot tell the two apart.
-        header["parts"] = [{"name": "image", "encoding": "jpeg", "dtype": "|u1", "shape": list(image.shape),
-                            "color": "rgb"}]
-        return [frames[0], wire.dump_header(header, self.header_format), data]
+        return self._encode("frame", fields, [], ((wire.image_descriptor("image", "jpeg", image.shape), data),))
 
     def _poll_subscriptions(self) -> None:
         sock = self._sock
@@ -313,103 +365,68 @@ class ZmqPublisher:
         self.stats.sent[kind] += 1
         return True
 
-    def _all_drops(self) -> dict[str, int]:
+    def _all_drops(self, source: _Source) -> dict[str, int]:
         own = {f"publish_{k}": int(v) for k, v in self.stats.dropped.items()}
-        return {**{str(k): int(v) for k, v in self._pipeline_drops.items()}, **own}
+        return {**{str(k): int(v) for k, v in source.pipeline_drops.items()}, **own}
 
-    def _publish_status(self) -> None:
-        info = self._info
-        if self._sock is None or info is None:
+    def _publish_status(self, source: _Source, event: dict[str, Any] | None = None) -> None:
+        info = source.info
+        if self._sock is None:
             return
         self._poll_subscriptions()
         topic = wire.topic_for("status", info.source_id)
         if not self._is_subscribed(topic):
             return
-        fields = {
-            "fps": float(self._rate.rate),
-            "health": self._health,
-            "frames": self.stats.frames,
-            "last_frame_index": self._last_index,
-            "drops": self._all_drops(),
+        fields: dict[str, Any] = {
+            "fps": float(source.rate.rate),
+            "health": source.health,
+            "frames": source.frames,
+            "last_frame_index": source.last_index,
+            "drops": self._all_drops(source),
             "sent": dict(self.stats.sent),
-            "uptime_s": time.monotonic() - self._rate.started,
+            "uptime_s": time.monotonic() - source.rate.started,
             "width": info.width,
             "height": info.height,
             "nominal_fps": info.fps,
             "live": info.live,
             "random_weights": info.random_weights,
         }
+        if event is not None:
+            fields["event"] = {k: v for k, v in event.items() if k != "source_id"}
         self._send("status", self._encode("status", {"source_id": info.source_id, **fields}, []))
 
     def _status_loop(self) -> None:
-        while not self._stop.wait(self.status_interval_s):
-            with self._lock:
-                self._publish_status()
+        next_status = time.monotonic() + self.status_interval_s
+        while not self._stop.is_set():
+            self._watch_handshakes(min(0.1, self.status_interval_s))
+            if time.monotonic() >= next_status:
+                next_status += self.status_interval_s
+                with self._lock:
+                    for source in list(self._sources.values()):
+                        self._publish_status(source)
 
-
-class JpegEncoder:
-    """JPEG of published frames on a torch device (nvJPEG through torchvision on CUDA).
-
-    device: "auto" (CUDA when present), a device name, or None (off). ``encode`` returns None when
-    the caller should use the CPU encoder instead: no device, or after the first failure, which is
-    logged once and turns this encoder off for the rest of the run.
-    """
-
-    def __init__(self, quality: int = 90, device: str | None = "auto") -> None:
-        self.quality = quality
-        self.device: Any = None
-        if device is None:
+    def _watch_handshakes(self, timeout_s: float) -> None:
+        """Log failed subscriber handshakes (rate-limited: a misconfigured client retries often)."""
+        monitor = self._monitor
+        if monitor is None or not monitor.poll(int(timeout_s * 1000)):
+            if monitor is None:
+                self._stop.wait(timeout_s)
             return
-        import torch
-
-        if device == "auto":
-            if not torch.cuda.is_available():
-                log.info("gpu_jpeg: no CUDA device; frames are JPEG-encoded on the CPU")
-                return
-            device = "cuda"
-        self.device = torch.device(device)
-        self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
-        self._staging: Any = None  # pinned (H, W, 3) uint8 host buffer, reused while the size holds
-
-    @property
-    def active(self) -> bool:
-        return self.device is not None
-
-    def encode(self, image: np.ndarray) -> bytes | None:
-        """(H, W, 3) RGB uint8 -> JPEG bytes, or None: use the CPU path."""
-        if self.device is None:
-            return None
         try:
-            return self._encode(image)
-        except (ImportError, RuntimeError, ValueError, TypeError, OSError) as exc:
-            # ImportError: torchvision 0.29 deprecates its image codecs (TorchCodec replaces them);
-            # a release without encode_jpeg must leave the CPU encoder working.
-            log.warning("GPU JPEG encoding failed (%s); encoding frames on the CPU from now on",
-                        str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
-            self.device = None
-            return None
-
-    def _encode(self, image: np.ndarray) -> bytes:
-        import torch
-        from torchvision.io import encode_jpeg
-
-        if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
-            raise ValueError(f"expected (H, W, 3) uint8 RGB, got {image.shape} {image.dtype}")
-        host = torch.from_numpy(np.ascontiguousarray(image))
-        if self.device.type == "cuda":
-            if self._staging is None or self._staging.shape != host.shape:
-                self._staging = torch.empty(host.shape, dtype=torch.uint8, pin_memory=True)
-            self._staging.copy_(host)
-            with torch.cuda.stream(self._stream):  # off the model streams
-                chw = self._staging.to(self.device, non_blocking=True).permute(2, 0, 1).contiguous()  # (3, H, W)
-                # torchvision's nvJPEG encoder works on a stream of its own: the input must be ready.
-                self._stream.synchronize()
-                encoded = encode_jpeg(chw, quality=self.quality)
-            # It writes the bitstream on the legacy default stream; copy it out on that stream too.
-            data = encoded.cpu()
+            event = recv_monitor_message(monitor, zmq.NOBLOCK)
+        except zmq.ZMQError:
+            return
+        what = _HANDSHAKE_EVENTS.get(event["event"])
+        if what is None:
+            return
+        last, count = self._handshake_warned
+        now = time.monotonic()
+        if now - last >= _WARN_EVERY_S:
+            extra = f" ({count} more since the last warning)" if count else ""
+            log.warning("a subscriber's handshake on %s %s%s", self.endpoint, what, extra)
+            self._handshake_warned = (now, 0)
         else:
-            data = encode_jpeg(host.permute(2, 0, 1).contiguous(), quality=self.quality)
-        return data.numpy().tobytes()
+            self._handshake_warned = (last, count + 1)
 
 
 def _keypoint_parts(result: FrameResult) -> list[wire.Part]:
@@ -425,3 +442,16 @@ def _keypoint_parts(result: FrameResult) -> list[wire.Part]:
         wire.Part("box_scores", det.scores.astype("<f4")),  # (N,)
         wire.Part("track_ids", det.track_ids.astype("<i8")),  # (N,)
     ]
+
+
+def curve_for(cfg_curve_dir: str | None, connect: bool, client_name: str) -> CurveServerKeys | CurveClientKeys | None:
+    """The CURVE keys of a publisher from a keys folder: the server pair when binding, the client
+    pair ``client_name`` (and the broker's public key) when connecting. PublishError when missing."""
+    if not cfg_curve_dir:
+        return None
+    try:
+        if connect:
+            return CurveClientKeys.from_dir(cfg_curve_dir, client_name)
+        return CurveServerKeys.from_dir(cfg_curve_dir)
+    except KeysError as exc:
+        raise PublishError(str(exc)) from None

@@ -59,6 +59,7 @@ class DemoReader:
         self.fps: float | None = fps
         self.time_base: Fraction | None = time_base_for_fps(fps)
         self.num_frames = max(1, round(seconds * fps))
+        self.frame_count: int | None = self.num_frames
         self._per_photo = -(-self.num_frames // len(self._photos))  # ceil
         self._next = 0
         self._backgrounds: dict[int, np.ndarray] = {}

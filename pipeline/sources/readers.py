@@ -48,7 +48,9 @@ class RawFrame:
 
 
 class FrameReader(Protocol):
-    """What a Source needs from a decoder. ``read`` blocks; returns None at end of stream."""
+    """What a Source needs from a decoder. ``read`` blocks; returns None at end of stream.
+
+    Optional: ``frame_count`` (frames in a file, None when unknown) and ``decode_errors``."""
 
     fps: float | None
     time_base: Fraction | None
@@ -60,6 +62,12 @@ class FrameReader(Protocol):
 
 class PyAVReader:
     """Decodes the first video stream of anything FFmpeg opens: files, URLs, capture devices.
+
+    Frames are turned as the stream's display matrix says (a phone clip shot upright is delivered
+    upright, with its displayed width and height). A packet that does not decode (corrupt data in
+    the middle of a file, a damaged network packet) is skipped and counted in ``decode_errors``,
+    and decoding goes on with the next one, as FFmpeg does; only ``max_consecutive_errors`` bad
+    packets in a row end the stream with an error.
 
     ``timeout`` is PyAV's (open_s, read_s) interrupt timeout; it is best effort, which is why
     live Sources also run a watchdog.
@@ -75,9 +83,11 @@ class PyAVReader:
         timeout: tuple[float, float] | None = None,
         check_length: bool = False,
         hint: str = "check the URL and that the stream is up",
+        max_consecutive_errors: int = 100,
     ) -> None:
         self.label, self._hint = label, hint
         self._check_length = check_length
+        self._max_errors = max_consecutive_errors
         try:
             self._container = av.open(url, format=format, options=options or {}, timeout=timeout)
         except FileNotFoundError as exc:
@@ -93,25 +103,55 @@ class PyAVReader:
         self.time_base: Fraction | None = stream.time_base
         rate = stream.average_rate or stream.guessed_rate
         self.fps: float | None = float(rate) if rate else None
-        self._expected = int(stream.frames or 0)
+        self.frame_count: int | None = int(stream.frames) or None
+        self.decode_errors = 0
         self._decoded = 0
-        self._frames = self._container.decode(stream)
+        self._packets = self._container.demux(stream)
+        self._ready: list[av.VideoFrame] = []
 
     def read(self) -> RawFrame | None:
-        try:
-            frame = next(self._frames)
-        except StopIteration:
-            if self._check_length and self._expected and self._decoded + 1 < self._expected:
+        frame = self._next_frame()
+        if frame is None:
+            expected = self.frame_count or 0
+            # A skipped packet loses a frame or two; many more missing frames mean the file was cut short.
+            if self._check_length and expected and expected - self._decoded > 1 + 2 * self.decode_errors:
                 raise SourceError(
-                    f"{self.label}: ended after {self._decoded} of {self._expected} frames; the file is "
+                    f"{self.label}: ended after {self._decoded} of {expected} frames; the file is "
                     "truncated or corrupt — re-export or re-download it"
-                ) from None
+                )
+            if self.decode_errors:
+                log.warning("%s: %d packet(s) did not decode and were skipped (%d frames delivered)", self.label,
+                            self.decode_errors, self._decoded)
             return None
-        except av.error.FFmpegError as exc:
-            raise SourceError(f"{self.label}: decoding failed after {self._decoded} frames ({exc}); {self._hint}") from exc
         self._decoded += 1
         image = frame.to_ndarray(format="rgb24")
+        turns = round((frame.rotation or 0) / 90) % 4  # counter-clockwise quarter turns for display
+        if turns:
+            image = np.ascontiguousarray(np.rot90(image, turns))
         return RawFrame(image, frame.pts, frame.time_base or self.time_base)
+
+    def _next_frame(self) -> av.VideoFrame | None:
+        """The next decoded frame, skipping packets that do not decode; None at the end."""
+        consecutive = 0
+        while not self._ready:
+            try:
+                packet = next(self._packets)
+            except StopIteration:
+                return None
+            except av.error.FFmpegError as exc:  # the container itself cannot be read on
+                raise SourceError(f"{self.label}: reading failed after {self._decoded} frames ({exc}); "
+                                  f"{self._hint}") from exc
+            try:
+                self._ready = list(packet.decode())
+                consecutive = 0
+            except av.error.FFmpegError as exc:
+                self.decode_errors += 1
+                consecutive += 1
+                log.debug("%s: skipped a packet that does not decode: %s", self.label, exc)
+                if consecutive >= self._max_errors:
+                    raise SourceError(f"{self.label}: {consecutive} packets in a row do not decode ({exc}); "
+                                      f"{self._hint}") from exc
+        return self._ready.pop(0)
 
     def close(self) -> None:
         container, self._container = getattr(self, "_container", None), None
@@ -174,6 +214,8 @@ class ImageReader:
             raise SourceError(f"{label}: no images found (looked for {', '.join(sorted(IMAGE_SUFFIXES))})")
         self.label = label
         self._paths = list(paths)
+        self.frame_count: int | None = len(self._paths)
+        self.decode_errors = 0
         self.fps: float | None = fps
         self.time_base: Fraction | None = time_base_for_fps(fps)
         self._next = 0

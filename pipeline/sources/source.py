@@ -10,7 +10,11 @@
 
 Cameras and network streams also get a watchdog: when no frame arrives for
 ``stall_timeout_s`` (or the stream errors or ends), the reader is abandoned and reopened with
-exponential backoff while ``read`` keeps returning None; ``health`` and ``reopens`` report it.
+exponential backoff while ``read`` keeps returning None; ``health`` and ``reopens`` report it, and
+each change is queued as an event (``stalled``, ``reconnecting``, ``resumed``, with wall-clock
+times; ``poll_events``) for the sinks. A reopened stream starts a new session (``Frame.session``)
+and its timestamps continue after the old ones (the outage included) in the time base of the first
+session: pts never go backwards across a reconnect.
 """
 
 from __future__ import annotations
@@ -19,9 +23,11 @@ import logging
 import re
 import threading
 import time
+from collections import deque
+from fractions import Fraction
 from pathlib import Path
 from types import TracebackType
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 from pipeline.sources.demo import DemoReader
 from pipeline.sources.flow import Channel, Pacer, Terminal, open_with_timeout
@@ -87,7 +93,16 @@ class Source:
         self._info: StreamInfo | None = None
         self._frames_decoded = self._frames_dropped = self._frames_delivered = self._reopens = 0
         self._health = "starting"
-        self._last_frame = time.monotonic()
+        self._last_frame = time.monotonic()  # watchdog: last frame, or the start of the current session
+        self._last_delivery = self._last_frame  # monotonic time of the last frame delivered
+        self._events: deque[dict[str, Any]] = deque(maxlen=1000)
+        self._frame_count: int | None = None
+        self._errors_before = 0  # decode errors of sessions before the current one
+        self._reader: FrameReader | None = None
+        # Timestamps across sessions: the pts that the current session's first frame maps to.
+        self._pts_offset: int | None = 0
+        self._last_pts: int | None = None
+        self._outage_started: tuple[int, float] | None = None  # (time_ns, monotonic) when frames stopped
 
     # -- counters -------------------------------------------------------------------------
     @property
@@ -114,6 +129,28 @@ class Source:
         return self._health
 
     @property
+    def frame_count(self) -> int | None:
+        """Frames in a file (for a progress bar), None when unknown or live."""
+        return self._frame_count
+
+    @property
+    def decode_errors(self) -> int:
+        """Packets that did not decode and were skipped, over all sessions."""
+        reader = self._reader
+        return self._errors_before + int(getattr(reader, "decode_errors", 0) or 0)
+
+    def poll_events(self) -> list[dict[str, Any]]:
+        """Health changes since the last call, oldest first: ``{"event", "source_id", "time_ns", ...}``."""
+        out = []
+        while self._events:
+            out.append(self._events.popleft())
+        return out
+
+    def _emit(self, event: str, **extra: Any) -> None:
+        self._events.append({"event": event, "source_id": self.source_id, "time_ns": time.time_ns(),
+                             "session": self._reopens, **extra})
+
+    @property
     def info(self) -> StreamInfo:
         if self._info is None:
             self.open()
@@ -126,6 +163,9 @@ class Source:
         if self._info is None:
             reader, first = self._open_reader()
             self._pending = (reader, first)
+            self._reader = reader
+            count = getattr(reader, "frame_count", None)
+            self._frame_count = None if self.live or not count else int(count)
             self._info = StreamInfo(
                 source_id=self.source_id,
                 width=first.image.shape[1],
@@ -207,13 +247,37 @@ class Source:
                 return  # a stale session after a reopen; its frames are not ours any more
             index, session = self._frames_decoded, self._reopens
             self._frames_decoded += 1
-            self._last_frame = time.monotonic()
+            now = time.monotonic()
+            pts, time_base = self._continuous_pts(item, now)
+            self._last_frame = self._last_delivery = now
             if self._health in ("stalled", "reconnecting", "starting"):
+                if self._health != "starting":
+                    started = self._outage_started
+                    outage = None if started is None else round(now - started[1], 3)
+                    self._emit("resumed", outage_s=outage, first_frame=index)
                 self._health = "ok"
-        frame = Frame(index, item.image, item.pts, item.time_base, time.time_ns(), self.source_id, session)
+            self._outage_started = None
+        frame = Frame(index, item.image, pts, time_base, time.time_ns(), self.source_id, session)
         if self._channel.put(frame, lambda: abort.is_set() or self._stop.is_set()):
             with self._lock:
                 self._frames_dropped += 1
+
+    def _continuous_pts(self, item: RawFrame, now: float) -> tuple[int | None, Fraction | None]:
+        """pts in the first session's time base, continuing after the last one across a reopen
+        (the outage as a gap); the reader's own pts within a session. Caller holds the lock."""
+        out_tb = self._info.time_base if self._info is not None and self._info.time_base else item.time_base
+        if item.pts is None or item.time_base is None or out_tb is None:
+            return item.pts, item.time_base
+        pts = item.pts if item.time_base == out_tb else round(item.pts * item.time_base / out_tb)
+        if self._pts_offset is None:  # first frame of a new session
+            gap_s = max(now - self._last_delivery, 1e-3)
+            step = max(1, round(Fraction(gap_s).limit_denominator(10**6) / out_tb))
+            self._pts_offset = (self._last_pts + step - pts) if self._last_pts is not None else 0
+        pts += self._pts_offset
+        if self._last_pts is not None and pts <= self._last_pts:
+            pts = self._last_pts + 1  # a stream that restarts its clock mid-session: stay monotonic
+        self._last_pts = pts
+        return pts, out_tb
 
     def _pump(self, reader: FrameReader, first: RawFrame, abort: threading.Event) -> None:
         """Read until end of stream or abort; raises SourceError."""
@@ -247,12 +311,19 @@ class Source:
         backoff = self.backoff_initial_s
         while not self._stop.is_set():
             decoded_before = self._frames_decoded
+            self._reader = reader
             session = _Session(self, reader, first)
             reason = self._watch(session)
             session.abort()
             if reason is None:
                 break
-            self._health = "reconnecting"
+            with self._lock:
+                if self._outage_started is None:
+                    self._outage_started = (time.time_ns(), self._last_delivery)
+                self._errors_before += int(getattr(reader, "decode_errors", 0) or 0)
+                self._reader = None
+                self._health = "reconnecting"
+                self._emit("reconnecting", reason=reason)
             log.warning("%s: %s; reopening", self.label, reason)
             if self._frames_decoded > decoded_before:
                 backoff = self.backoff_initial_s
@@ -269,7 +340,11 @@ class Source:
             if session.done.wait(poll):
                 return session.reason
             if time.monotonic() - self._last_frame > self.stall_timeout_s:
-                self._health = "stalled"
+                with self._lock:
+                    self._health = "stalled"
+                    silent = time.monotonic() - self._last_delivery
+                    self._outage_started = (time.time_ns() - int(silent * 1e9), self._last_delivery)
+                    self._emit("stalled", last_frame=self._frames_decoded - 1, silent_s=self.stall_timeout_s)
                 return f"no frame for {self.stall_timeout_s:.1f} s (stalled)"
         return None
 
@@ -283,7 +358,7 @@ class Source:
                 continue
             with self._lock:
                 self._reopens += 1
-                self._last_frame = time.monotonic()
+                self._pts_offset = None  # the new session's first frame sets it
             log.info("%s: reopened (reopen #%d)", self.label, self._reopens)
             return opened, backoff
         return None
