@@ -125,3 +125,10 @@ def to_message(d: Decoded) -> Message:
     if d.kind == "seg":
         return SegMessage(d.topic, h, meta, a[name])
     return MatteMessage(d.topic, h, meta, a[name])
+
+
+def decode_message(frames, limits=None) -> Message:
+    """Validate and decode one multipart message into its typed record; WireError if it is refused."""
+    from .wire import decode
+
+    return to_message(decode(frames, limits=limits))
