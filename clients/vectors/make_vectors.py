@@ -188,6 +188,12 @@ def cases() -> list[dict[str, Any]]:
                                        b"\x00" * 31), "shape")
     bad("dtype_object", _with_part(kp, {"name": "boxes", "encoding": "raw", "dtype": "|O", "shape": [1]},
                                    b"\x00" * 8), "dtype")
+    bad("dtype_not_a_string", _with_part(kp, {"name": "boxes", "encoding": "raw", "dtype": ["<f4"], "shape": [1]},
+                                         b"\x00" * 4), "dtype")
+    bad("source_id_with_newline", _mutate([b"keypoints.cam0\n", *kp[1:]], source_id="cam0\n"), "field")
+    bad("fps_beyond_float", wire.encode("status", "cam0", {"fps": 10**400, "health": "ok", "frames": 1,
+                                                           "last_frame_index": 0, "drops": {}},
+                                        header_format="json", **enc), "field")
     bad("encoding_unknown", _with_part(kp, {"name": "image", "encoding": "gif", "dtype": "|u1",
                                             "shape": [2, 2, 3]}, b"GIF89a"), "encoding")
     frame = wire.encode("frame", "cam0", _meta(), [wire.Part("image", image, "jpeg")], **enc)
@@ -195,6 +201,10 @@ def cases() -> list[dict[str, Any]]:
                                             "shape": [16, 24, 3]}, b"not a jpeg"), "image")
     bad("jpeg_size_differs_from_header", _with_part(frame, {"name": "image", "encoding": "jpeg", "dtype": "|u1",
                                                             "shape": [16, 25, 3]}, frame[2]), "shape")
+    bad("jpeg_shape_too_short", _with_part(frame, {"name": "image", "encoding": "jpeg", "dtype": "|u1",
+                                                   "shape": [16]}, frame[2]), "shape")
+    bad("json_header_not_utf8", [b"status.cam0", "{\"schema\": \"sapiens2.stream\"}".encode("utf-16-le")],
+        "header")
     seg = wire.encode("seg", "cam0", _meta(), [wire.Part("classes", _classes(), "png")], **enc)
     bad("png_bomb_declared_small", _with_part(seg, {"name": "classes", "encoding": "png", "dtype": "|u1",
                                                     "shape": [16, 24]}, _png(30000, 30000)), "shape")

@@ -41,7 +41,7 @@ DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 DEFAULT_ENDPOINT = "tcp://127.0.0.1:5555"
 BROKER_XSUB = "tcp://127.0.0.1:5556"
 BROKER_XPUB = "tcp://127.0.0.1:5557"
-_SOURCE_RE = re.compile(r"^[A-Za-z0-9_\-:]{1,64}$")
+_SOURCE_RE = re.compile(r"[A-Za-z0-9_\-:]{1,64}")  # used with fullmatch: no trailing newline slips through
 _INT64_MAX = 2**63 - 1
 _UINT64_MAX = 2**64 - 1
 
@@ -125,7 +125,7 @@ class Part:
 
 def check_source_id(source_id: str) -> str:
     """Return source_id if it can be used in a topic, else raise ValueError."""
-    if not isinstance(source_id, str) or not _SOURCE_RE.match(source_id):
+    if not isinstance(source_id, str) or not _SOURCE_RE.fullmatch(source_id):
         raise ValueError(
             f"source id {source_id!r} must be 1-64 characters of letters, digits, '_', '-' or ':'"
         )
@@ -253,7 +253,7 @@ def load_header(data: bytes, limits: Limits = Limits()) -> dict[str, Any]:
         raise MessageTooLarge(f"header of {len(data)} bytes exceeds the {limits.max_header_bytes}-byte limit")
     try:
         if data[:1] == b"{":
-            header = json.loads(data)
+            header = json.loads(data.decode("utf-8"))  # UTF-8 only (json.loads would guess UTF-16/32)
         else:
             n = limits.max_header_bytes
             header = msgpack.unpackb(data, raw=False, strict_map_key=True, max_str_len=n,
@@ -288,7 +288,12 @@ def _is_int(value: Any, lo: int = 0, hi: int = _INT64_MAX) -> bool:
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    """A finite float, or an int a float can hold (a 400-digit int would overflow float())."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return abs(value) <= _UINT64_MAX
+    return isinstance(value, float) and math.isfinite(value)
 
 
 def _check_map(header: dict, key: str, check_value, what: str) -> None:
@@ -357,7 +362,7 @@ def _decode_part(desc: Any, data: bytes, limits: Limits) -> tuple[str, np.ndarra
     if not isinstance(name, str) or not isinstance(enc, str):
         raise WireError(f"part name and encoding must be strings: {desc!r:.80}", "parts")
     shape = _check_shape(name, desc["shape"], limits)
-    if dtype not in RAW_DTYPES:
+    if not isinstance(dtype, str) or dtype not in RAW_DTYPES:
         raise WireError(f"part {name!r}: dtype {dtype!r:.40} not allowed", "dtype")
     dt = np.dtype(dtype)
     want = math.prod(shape) * dt.itemsize  # Python ints: exact, never wraps
@@ -375,8 +380,9 @@ def _decode_part(desc: Any, data: bytes, limits: Limits) -> tuple[str, np.ndarra
 
 def _decode_image(name: str, enc: str, dtype: str, shape: list[int], data: bytes, limits: Limits) -> np.ndarray:
     channels = 3 if enc == "jpeg" else 1
-    wanted_shape = [shape[0], shape[1], 3] if enc == "jpeg" else shape[:2]
-    if dtype != "|u1" or len(shape) != (3 if enc == "jpeg" else 2) or shape != wanted_shape:
+    ndim = 3 if enc == "jpeg" else 2
+    wanted_shape = [*shape[:2], 3] if enc == "jpeg" else shape[:2]
+    if dtype != "|u1" or len(shape) != ndim or shape != wanted_shape:
         what = "(H, W, 3) |u1" if enc == "jpeg" else "(H, W) |u1"
         raise WireError(f"part {name!r}: a {enc} part must declare {what}, got {shape} {dtype}", "shape")
     try:
@@ -431,7 +437,7 @@ def decode(
             f"version {expected_version}; install matching sapiens2-stream versions on both ends"
         )
     kind, source_id = header.get("kind"), header.get("source_id")
-    if kind not in KINDS or not isinstance(source_id, str) or not _SOURCE_RE.match(source_id):
+    if kind not in KINDS or not isinstance(source_id, str) or not _SOURCE_RE.fullmatch(source_id):
         raise WireError(f"bad kind {kind!r:.40} or source_id {source_id!r:.80}", "field")
     if topic != f"{kind}.{source_id}":
         raise WireError(f"topic {topic!r:.80} does not match header kind/source {kind!r}/{source_id!r}", "topic")
