@@ -1,7 +1,9 @@
 """Subscriber: receive sapiens2-stream messages as typed records (see docs/WIRE.md).
 
 A subscriber survives any message. The socket refuses frames larger than ``max_message_bytes``
-before they are received (ZMQ_MAXMSGSIZE: the sender is disconnected); every message that does
+before they are received (ZMQ_MAXMSGSIZE: libzmq drops the connection, and treats that as a
+protocol error it never reconnects after, so the subscriber watches its socket and connects again
+itself; ``stats.disconnects`` counts it); every message that does
 arrive is validated by ``wire.decode`` and, when malformed, skipped and counted by reason in
 ``Subscriber.stats`` (``skipped["shape"]``, ...). A message of another schema version is counted
 too (``skipped["version"]``) and logged once per source: one old publisher behind a broker must
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from . import wire
 from .keys import CurveClientKeys
@@ -54,6 +57,7 @@ class SubscriberStats:
     superseded: int = 0  # older image messages discarded by latest_only
     filtered: int = 0  # other sources, when sources= is given
     missed: int = 0  # frame_index gaps per topic: messages the publisher or network dropped
+    disconnects: int = 0  # connections lost (an oversized message, a publisher restart) and made again
 
     @property
     def malformed(self) -> int:
@@ -112,11 +116,21 @@ class Subscriber:
             curve.apply(self._sock)
         for prefix in _prefixes(topics, sources):
             self._sock.setsockopt(zmq.SUBSCRIBE, prefix.encode())
+        self._monitor = self._sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self._endpoints: list[str] = []
+        self._poller = zmq.Poller()
+        self._poller.register(self._sock, zmq.POLLIN)
+        self._poller.register(self._monitor, zmq.POLLIN)
+        self.connect(endpoint)
+
+    def connect(self, endpoint: str) -> None:
+        """Receive from another publisher (or broker) too; ValueError for an endpoint ZeroMQ refuses."""
         try:
             self._sock.connect(endpoint)
         except zmq.ZMQError as e:
             self.close()
             raise ValueError(f"cannot connect to {endpoint!r}: {e}; expected e.g. {wire.DEFAULT_ENDPOINT}") from e
+        self._endpoints.append(endpoint)
 
     def recv(self, timeout_s: float | None = _UNSET) -> Message:
         """The next message; raises ReceiveTimeout when none arrives in time."""
@@ -128,9 +142,28 @@ class Subscriber:
             if self._pending:
                 return self._pending.popleft()
             wait_ms = None if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
-            if not self._sock.poll(wait_ms, zmq.POLLIN):
+            ready = dict(self._poller.poll(wait_ms))
+            if not ready:
                 raise ReceiveTimeout(f"no message from {self.endpoint} within {timeout} s")
-            self._receive_one()
+            if self._monitor in ready:
+                self._reconnect_dropped()
+            if self._sock in ready:
+                self._receive_one()
+
+    def _reconnect_dropped(self) -> None:
+        """Connect again where libzmq dropped a connection (it does not after a too-large message)."""
+        while self._monitor.poll(0):
+            event = recv_monitor_message(self._monitor)
+            endpoint = event["endpoint"].decode() if isinstance(event["endpoint"], bytes) else event["endpoint"]
+            if event["event"] != zmq.EVENT_DISCONNECTED or endpoint not in self._endpoints:
+                continue
+            self.stats.disconnects += 1
+            log.debug("connection to %s dropped; connecting again", endpoint)
+            try:
+                self._sock.disconnect(endpoint)
+            except zmq.ZMQError:
+                pass  # libzmq may have forgotten it already
+            self._sock.connect(endpoint)
 
     def __iter__(self) -> Iterator[Message]:
         """Yield messages until a receive timeout passes (forever when timeout_s is None)."""
@@ -142,8 +175,13 @@ class Subscriber:
 
     def close(self) -> None:
         """Close the socket (no linger) and the context when this subscriber made it."""
+        monitor = getattr(self, "_monitor", None)
         if not self._sock.closed:
+            if monitor is not None:
+                self._sock.disable_monitor()
             self._sock.close(linger=0)
+        if monitor is not None and not monitor.closed:
+            monitor.close(linger=0)
         if self._own_ctx and not self._ctx.closed:
             self._ctx.term()
 

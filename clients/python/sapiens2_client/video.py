@@ -100,6 +100,7 @@ class VideoWriter:
         self._origin: Fraction | None = None  # media time (s) that maps to output pts 0
         self._last_pts = -1
         self._last_key = (-1e30, -1e30)  # (media s, wall s) of the last forced keyframe
+        self._good_size = 0  # bytes of whole fragments on disk
         self._closed = False
 
     @property
@@ -152,9 +153,15 @@ class VideoWriter:
             except Exception as exc:  # av raises OSError subclasses and FFmpegError for a failing trailer
                 error = error or RecorderError(f"recorder {self.path}: finishing the file failed ({exc}); "
                                                "check disk space")
-        if error is None and self.path.suffix.lower() in FRAGMENTED:
+        fragmented = self.path.suffix.lower() in FRAGMENTED
+        if error is None and fragmented and whole_fragments_end(self.path) != self.path.stat().st_size:
+            # FFmpeg's output layer can lose a failed write without an error: the file itself tells.
+            error = RecorderError(f"recorder {self.path}: writing failed (the file ends in a partial fragment); "
+                                  "check disk space")
+        if error is None and fragmented:
             error = self._remux_standard()
         if error is not None:
+            self._cut_back()
             raise error
         log.info("recorder %s: %d frames (%s)", self.path, self.frames_written, self.codec)
 
@@ -168,7 +175,26 @@ class VideoWriter:
             for packet in packets:
                 container.mux(packet)
         except (av.error.FFmpegError, OSError) as exc:
-            raise RecorderError(f"recorder {self.path}: writing failed ({exc}); check disk space and the folder")
+            self._cut_back()
+            raise RecorderError(f"recorder {self.path}: writing failed ({exc}); check disk space and the "
+                                "folder") from None
+        # With flush_packets, a mux call returns with whole fragments on disk: remember where they end.
+        try:
+            self._good_size = self.path.stat().st_size
+        except OSError:
+            pass
+
+    def _cut_back(self) -> None:
+        """After a failed write (a full disk), drop a partial fragment so the file ends cleanly: for
+        MP4 at the end of its last whole moof+mdat pair, otherwise where the last whole write ended."""
+        try:
+            size = self.path.stat().st_size
+            good = whole_fragments_end(self.path) if self.path.suffix.lower() in FRAGMENTED else self._good_size
+            if good and size > good:
+                os.truncate(self.path, good)
+                log.info("recorder %s: cut a partial fragment off (%d -> %d bytes)", self.path, size, good)
+        except OSError as exc:
+            log.debug("recorder %s: cannot cut back a partial fragment: %s", self.path, exc)
 
     def _start(self, image: np.ndarray) -> None:
         av = _av()
@@ -259,6 +285,28 @@ class VideoWriter:
             return RecorderError(f"recorder {self.path}: finalising the MP4 failed ({exc}); the fragmented "
                                  "recording is kept and plays as it is")
         return None
+
+
+def whole_fragments_end(path: Path) -> int:
+    """Byte offset where the whole boxes of a fragmented MP4 end: after the last complete box,
+    where a ``moof`` counts only together with the whole ``mdat`` that follows it."""
+    good, moof, pos = 0, False, 0
+    with open(path, "rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        while pos + 8 <= size:
+            handle.seek(pos)
+            head = handle.read(16)
+            length, kind = int.from_bytes(head[:4], "big"), head[4:8]
+            if length == 1 and len(head) == 16:
+                length = int.from_bytes(head[8:16], "big")
+            if length < 8 or pos + length > size:
+                break  # a box that runs past the end: the partial one
+            if kind == b"moof":
+                moof = True  # whole only with the mdat after it
+            elif not moof or kind == b"mdat":
+                good, moof = pos + length, False
+            pos += length
+    return good
 
 
 def _even(image: np.ndarray) -> np.ndarray:
