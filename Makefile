@@ -1,25 +1,42 @@
-# The two set-up commands: `make demo` and `make test`. Both work offline on a fresh clone.
+# The two set-up commands: `make demo` and `make test`. Both work offline on a fresh clone
+# (package registries only: PyPI and npm).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+JS := clients/js
+JS_STAMP := $(JS)/node_modules/.installed
 
-.PHONY: demo test install bench clean
+.PHONY: demo test test-python test-js install bench vectors clean
 
 $(STAMP): pyproject.toml clients/python/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.14.1 torchvision==0.29.1
-	$(PY) -m pip install -q -e ./clients/python -e '.[test]'
+	$(PY) -m pip install -q -e './clients/python[test]' -e '.[test]'
 	touch $(STAMP)
 
-install: $(STAMP)
+$(JS_STAMP): $(JS)/package.json $(JS)/package-lock.json
+	cd $(JS) && npm ci --no-audit --no-fund --loglevel=error
+	touch $(JS_STAMP)
 
-test: $(STAMP)
-	$(PY) -m pytest -q tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
+install: $(STAMP) $(JS_STAMP)
+
+# pytest exits 5 when it collects no tests: that is not a failure of the code.
+test: test-python test-js
+
+test-python: $(STAMP)
+	$(PY) -m pytest -q tests clients/python/tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
+
+test-js: $(STAMP) $(JS_STAMP)
+	cd $(JS) && SAPIENS2_STREAM_CLI=$(CURDIR)/$(VENV)/bin/sapiens2-stream SAPIENS2_STREAM_PYTHON=$(CURDIR)/$(PY) npm test
 
 demo: $(STAMP)
 	$(VENV)/bin/sapiens2-stream --config configs/demo.yaml
+
+# The shared wire test vectors, after a change of the wire format (commit the result).
+vectors: $(STAMP)
+	$(PY) clients/vectors/make_vectors.py
 
 # CPU figures of docs/PERFORMANCE.md (minutes; run on an otherwise idle machine).
 bench: $(STAMP)
@@ -28,4 +45,4 @@ bench: $(STAMP)
 	$(PY) bench/bench_overhead.py --wait-quiet 60
 
 clean:
-	rm -rf $(VENV) out
+	rm -rf $(VENV) out $(JS)/node_modules

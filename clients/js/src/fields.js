@@ -1,0 +1,77 @@
+/**
+ * Type and range checks of the header fields (Python's `check_frame_fields` /
+ * `check_status_fields`, in the same order). They run on the raw tree of values.js and throw
+ * WireError `field`.
+ * @module
+ */
+
+import { WireError, show } from "./errors.js";
+import { INT64_MIN, UINT64_MAX, get, has, isInt, isMap, isNumber, isStrKey, toNumber } from "./values.js";
+
+const TWO_31 = 2n ** 31n;
+const isBool = (v) => v === true || v === false;
+
+/** A map of string keys to values that pass `check` (absent counts as an empty map). */
+function checkMap(header, key, check, what) {
+  const value = get(header, key, {});
+  if (!isMap(value) || !Object.entries(value).every(([k, v]) => isStrKey(k) && check(v))) {
+    throw new WireError(`${key} must be a map of names to ${what}, got ${show(value)}`);
+  }
+}
+
+/** An optional key: when present, its value must pass `check`. */
+function optional(header, key, check, what) {
+  if (has(header, key) && !check(header[key])) {
+    throw new WireError(`${key} must be ${what}, got ${show(header[key])}`);
+  }
+}
+
+const dimension = (v) => isInt(v, 0n, TWO_31);
+
+/**
+ * Every per-frame field (keypoints, frame, seg, matte); throws WireError.
+ * @param {object} header raw header map
+ */
+export function checkFrameFields(header) {
+  if (!isInt(get(header, "frame_index"))) {
+    throw new WireError(`${show(get(header, "kind"))} header lacks an integer frame_index`);
+  }
+  optional(header, "pts", (v) => v === null || isInt(v, INT64_MIN), "an integer or nil");
+  const tb = get(header, "time_base", null);
+  if (tb !== null && !(Array.isArray(tb) && tb.length === 2 && isInt(tb[0], 1n, TWO_31) && isInt(tb[1], 1n, TWO_31))) {
+    throw new WireError(`time_base must be nil or [num, den] with positive integers, got ${show(tb)}`);
+  }
+  optional(header, "capture_ns", (v) => isInt(v, 0n, UINT64_MAX), "an unsigned integer");
+  optional(header, "session", (v) => isInt(v), "a non-negative integer");
+  checkMap(header, "latency_ms", isNumber, "finite numbers");
+  checkMap(header, "drops", (v) => isInt(v), "non-negative integers");
+  for (const key of ["width", "height"]) optional(header, key, dimension, "a non-negative integer");
+  optional(header, "random_weights", isBool, "a boolean");
+  const kind = header.kind;
+  if (kind === "keypoints") {
+    for (const key of ["num_persons", "num_keypoints"]) optional(header, key, dimension, "a non-negative integer");
+  } else if (kind === "frame") {
+    optional(header, "annotated", isBool, "a boolean");
+  } else if (kind === "matte") {
+    optional(header, "alpha_scale", (v) => isNumber(v) && toNumber(v) > 0, "a positive number");
+  }
+}
+
+/**
+ * The status fields; throws WireError.
+ * @param {object} header raw header map
+ */
+export function checkStatusFields(header) {
+  if (!isNumber(get(header, "fps")) || typeof get(header, "health") !== "string") {
+    throw new WireError("status needs a finite number fps and a string health");
+  }
+  if (!isInt(get(header, "frames")) || !isInt(get(header, "last_frame_index"), -1n)) {
+    throw new WireError("status needs integer frames and last_frame_index");
+  }
+  checkMap(header, "drops", (v) => isInt(v), "non-negative integers");
+  checkMap(header, "sent", (v) => isInt(v), "non-negative integers");
+  optional(header, "uptime_s", isNumber, "a finite number");
+  optional(header, "nominal_fps", (v) => v === null || isNumber(v), "a finite number or nil");
+  for (const key of ["width", "height"]) optional(header, key, dimension, "a non-negative integer");
+  for (const key of ["live", "random_weights"]) optional(header, key, isBool, "a boolean");
+}

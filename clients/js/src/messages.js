@@ -1,0 +1,95 @@
+/**
+ * Typed messages (Python's `sapiens2_client.messages`) and the checks that tie their parts
+ * together: the five keypoint parts must all be there with agreeing N and K.
+ * @module
+ */
+
+import { WireError, show } from "./errors.js";
+
+/** name -> [dtype, shape in terms of N persons and K keypoints] */
+export const KEYPOINT_PARTS = Object.freeze({
+  keypoints: ["<f4", ["N", "K", 2]],
+  keypoint_scores: ["<f4", ["N", "K"]],
+  boxes: ["<f4", ["N", 4]],
+  box_scores: ["<f4", ["N"]],
+  track_ids: ["<i8", ["N"]],
+});
+
+/** The image part of each image kind. */
+export const IMAGE_PART = Object.freeze({ frame: "image", seg: "classes", matte: "alpha" });
+
+const own = (obj, key) => Object.prototype.hasOwnProperty.call(obj, key);
+const big = (v) => (typeof v === "bigint" ? v : BigInt(v));
+const numbers = (map) => Object.fromEntries(Object.entries(map ?? {}).map(([k, v]) => [k, Number(v)]));
+
+/** The five keypoint parts, dtypes and N/K agreeing (Python's `_keypoint_arrays`); WireError otherwise. */
+function keypointArrays(arrays) {
+  const missing = Object.keys(KEYPOINT_PARTS).filter((name) => !own(arrays, name));
+  if (missing.length) throw new WireError(`keypoints message lacks parts ${show(missing)}`, "parts");
+  const n = arrays.boxes.shape.length ? arrays.boxes.shape[0] : -1;
+  const k = arrays.keypoints.shape.length === 3 ? arrays.keypoints.shape[1] : -1;
+  const sizes = { N: n, K: k };
+  for (const [name, [dtype, shape]] of Object.entries(KEYPOINT_PARTS)) {
+    const array = arrays[name];
+    const want = shape.map((s) => (typeof s === "string" ? sizes[s] : s));
+    if (array.dtype !== dtype || array.shape.length !== want.length || array.shape.some((s, i) => s !== want[i])) {
+      throw new WireError(`keypoints part ${show(name)} is ${show(array.shape)} ${array.dtype}, expected `
+        + `${show(want)} ${dtype}`, "shape");
+    }
+  }
+  return { n, k };
+}
+
+/** The per-frame fields of a validated header (Python's `meta_from_header`). */
+export function metaFromHeader(h) {
+  return {
+    source_id: h.source_id,
+    frame_index: Number(h.frame_index),
+    pts: h.pts === undefined || h.pts === null ? null : big(h.pts),
+    time_base: h.time_base ? [Number(h.time_base[0]), Number(h.time_base[1])] : null,
+    capture_ns: big(h.capture_ns ?? 0),
+    session: Number(h.session ?? 0),
+    latency_ms: numbers(h.latency_ms),
+    drops: numbers(h.drops),
+    width: Number(h.width ?? 0),
+    height: Number(h.height ?? 0),
+    random_weights: h.random_weights ?? false,
+  };
+}
+
+/**
+ * Turn a decoded message into its typed record; WireError on missing or inconsistent parts.
+ * @param {{topic: string, kind: string, source_id: string, header: object, arrays: object}} d
+ */
+export function toMessage(d) {
+  const h = d.header;
+  const base = { kind: d.kind, topic: d.topic, source_id: d.source_id, header: h, arrays: d.arrays,
+    publish_ns: big(h.publish_ns ?? 0) };
+  if (d.kind === "status") {
+    let event;
+    if (h.event !== null && typeof h.event === "object" && !Array.isArray(h.event) && !(h.event instanceof Uint8Array)) {
+      event = { ...h.event }; // status events are not checked by the wire format: take what is an integer
+      if (typeof event.time_ns === "bigint" || Number.isInteger(event.time_ns)) event.time_ns = big(event.time_ns);
+      else delete event.time_ns;
+    }
+    return { ...base, fps: Number(h.fps), health: h.health, frames: Number(h.frames),
+      last_frame_index: Number(h.last_frame_index), drops: numbers(h.drops), sent: numbers(h.sent),
+      ...(event ? { event } : {}) };
+  }
+  const meta = metaFromHeader(h);
+  const a = d.arrays;
+  if (d.kind === "keypoints") {
+    const { n, k } = keypointArrays(a);
+    return {
+      ...base, meta, num_persons: n, num_keypoints: k,
+      keypoints: a.keypoints.data, keypoint_scores: a.keypoint_scores.data, boxes: a.boxes.data,
+      box_scores: a.box_scores.data, track_ids: a.track_ids.data,
+      shapes: Object.fromEntries(Object.keys(KEYPOINT_PARTS).map((name) => [name, a[name].shape])),
+    };
+  }
+  const name = IMAGE_PART[d.kind];
+  if (!own(a, name)) throw new WireError(`${d.kind} message lacks its ${show(name)} part`, "parts");
+  if (d.kind === "frame") return { ...base, meta, image: a[name], annotated: h.annotated ?? false };
+  if (d.kind === "seg") return { ...base, meta, classes: a[name] };
+  return { ...base, meta, alpha: a[name], alpha_scale: Number(h.alpha_scale ?? 255) };
+}
