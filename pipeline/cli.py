@@ -124,7 +124,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGINT, request_stop)
     signal.signal(signal.SIGTERM, request_stop)
-    return run_pipeline(cfg, stop)
+    try:
+        return run_pipeline(cfg, stop)
+    finally:
+        # The outputs are finished: a late signal (a held Ctrl-C) must not kill the exit with it.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def main(argv: list[str] | None = None) -> int:

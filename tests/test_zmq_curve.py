@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.sinks.publisher import CurveServerKeys, PublishError, ZmqPublisher
+from pipeline.sinks.publisher import CurveServerKeys, ZmqPublisher
 from sapiens2_client.keys import KeysError, make_keys
 from sapiens2_client.subscriber import CurveClientKeys, KeypointsMessage, ReceiveTimeout, Subscriber
 from stages.types import Detections, Frame, FrameResult, Keypoints, StreamInfo

@@ -263,7 +263,7 @@ def test_source_filter_keeps_exact_source() -> None:
     p1, p10 = open_pub("cam1"), open_pub("cam10")
     try:
         with Subscriber(p1.endpoint, ["keypoints"], sources=["cam1"], timeout_s=2) as sub:
-            sub._sock.connect(p10.endpoint)  # one subscriber, two publishers
+            sub.connect(p10.endpoint)  # one subscriber, two publishers
             assert p1.wait_for_subscriber("keypoints.cam1", 5)
             assert p10.wait_for_subscriber("keypoints.cam10", 5)  # prefix "keypoints.cam1" matches cam10
             p10.write(make_result(0))

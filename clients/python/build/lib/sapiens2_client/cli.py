@@ -1,0 +1,260 @@
+"""``sapiens2-client``: print, save or record a sapiens2-stream, and make CURVE keys; no torch.
+
+    sapiens2-client subscribe --endpoint tcp://127.0.0.1:5555 --topic keypoints
+    sapiens2-client subscribe --save-keypoints out.jsonl --timeout 10
+    sapiens2-client subscribe --record out.mp4          # needs: pip install 'sapiens2-stream-client[video]'
+    sapiens2-client keys KEYS --client alice            # adds alice; never replaces an existing key
+
+The pipeline's ``sapiens2-stream subscribe`` and ``sapiens2-stream keys`` are these same commands.
+A failure prints one ``error: ...`` line and exits non-zero; ``subscribe --timeout`` with nothing
+received exits 3 and names the likely causes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import signal
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import wire
+from .jsonl import JsonlError, LineWriter, keypoint_record
+from .keys import CurveClientKeys, KeysError, make_keys
+from .messages import FrameMessage, KeypointsMessage, Message, StatusMessage
+from .subscriber import ReceiveTimeout, Subscriber
+
+log = logging.getLogger("sapiens2_client")
+NOTHING_RECEIVED = 3
+
+
+def add_subscribe_command(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("subscribe", help="print, save or record a published stream")
+    p.add_argument("--endpoint", default=wire.DEFAULT_ENDPOINT,
+                   help=f"publisher or broker endpoint (pipeline default {wire.DEFAULT_ENDPOINT}, broker "
+                        f"{wire.BROKER_XPUB})")
+    p.add_argument("--topic", action="append", help="topic prefix (repeatable; default keypoints)")
+    p.add_argument("--source", action="append", help="keep only this source id (repeatable)")
+    p.add_argument("--json", action="store_true", help="print JSON lines instead of text")
+    p.add_argument("--quiet", action="store_true", help="print nothing per message")
+    p.add_argument("--save-keypoints", type=Path, help="append keypoint messages to this JSONL file")
+    p.add_argument("--record", type=Path, help="record received frames to this video file (needs PyAV)")
+    p.add_argument("--show", action="store_true", help="display received frames (needs OpenCV with a GUI)")
+    p.add_argument("--latest-only", action="store_true", help="skip to the newest frame when behind")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="exit after this many idle seconds (non-zero when nothing arrived at all)")
+    p.add_argument("--count", type=int, default=None, help="exit after this many messages")
+    p.add_argument("--max-message-mb", type=float, default=64.0, help="refuse larger messages")
+    p.add_argument("--keys", type=Path, help="CURVE keys directory (from `keys`)")
+    p.add_argument("--client-name", default="client", help="client key name inside --keys")
+    p.set_defaults(func=cmd_subscribe)
+
+
+def add_keys_command(subparsers: argparse._SubParsersAction) -> None:
+    k = subparsers.add_parser("keys", help="create CURVE keys (server once, then one pair per client)")
+    k.add_argument("dir", type=Path)
+    k.add_argument("--client", action="append", help="client name (repeatable; default client on a new folder)")
+    k.set_defaults(func=cmd_keys)
+
+
+def cmd_keys(args: argparse.Namespace) -> int:
+    new_folder = not (args.dir / "server.key").exists()
+    clients = args.client or (["client"] if new_folder else [])
+    if not clients and not new_folder:
+        print(f"error: {args.dir} has keys already; add clients with --client NAME", file=sys.stderr)
+        return 1
+    try:
+        made = make_keys(args.dir, clients)
+    except (OSError, KeysError) as e:
+        print(f"error: cannot create keys in {args.dir}: {e}", file=sys.stderr)
+        return 1
+    what = "publisher uses server.key_secret and authorized/, " if new_folder else "kept the server key; "
+    print(f"created {len(made)} key files in {args.dir} ({', '.join(clients)}): {what}clients use "
+          f"clients/<name>.key_secret and server.key")
+    return 0
+
+
+def _finite(value: Any) -> Any:
+    """JSON-safe copy: non-finite floats become None, arrays become lists."""
+    if isinstance(value, np.ndarray):
+        return _finite(value.tolist())
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+def summary(msg: Message) -> dict[str, Any]:
+    """A JSON-friendly summary of a message (arrays as lists for keypoints); never NaN."""
+    if isinstance(msg, StatusMessage):
+        keys = ("fps", "health", "frames", "last_frame_index", "drops", "sent", "uptime_s", "width", "height",
+                "nominal_fps", "live", "random_weights", "event")
+        return _finite({"topic": msg.topic, "source_id": msg.source_id, "publish_ns": msg.publish_ns,
+                        **{k: msg.header[k] for k in keys if k in msg.header}})
+    out: dict[str, Any] = {"topic": msg.topic, "source_id": msg.meta.source_id, "frame_index": msg.meta.frame_index,
+                           "capture_ns": msg.meta.capture_ns, "publish_ns": msg.header.get("publish_ns"),
+                           "latency_ms": msg.meta.latency_ms, "drops": msg.meta.drops,
+                           "random_weights": msg.meta.random_weights}
+    if isinstance(msg, KeypointsMessage):
+        out.update(persons=len(msg.boxes), boxes=msg.boxes, box_scores=msg.box_scores, track_ids=msg.track_ids,
+                   keypoints=msg.keypoints, keypoint_scores=msg.keypoint_scores)
+    elif isinstance(msg, FrameMessage):
+        out.update(shape=list(msg.image.shape))
+    return _finite(out)
+
+
+def line(msg: Message) -> str:
+    """A one-line human summary of a message."""
+    if isinstance(msg, StatusMessage):
+        event = msg.header.get("event")
+        extra = f" event={event.get('event')}" if isinstance(event, dict) else ""
+        return f"{msg.topic} health={msg.health} fps={msg.fps:.1f} frames={msg.frames} drops={msg.drops}{extra}"
+    lat = sum(msg.meta.latency_ms.values())
+    extra = f" persons={len(msg.boxes)}" if isinstance(msg, KeypointsMessage) else ""
+    age = f" age={(time.time_ns() - msg.meta.capture_ns) / 1e6:.1f}ms" if msg.meta.capture_ns else ""
+    label = " [RANDOM WEIGHTS: meaningless]" if msg.meta.random_weights else ""
+    return f"{msg.topic} #{msg.meta.frame_index}{extra} latency={lat:.1f}ms{age}{label}"
+
+
+class _Outputs:
+    """Where received messages go besides stdout: a keypoint file and a recording."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.lines = LineWriter(args.save_keypoints) if args.save_keypoints else None
+        self.video = None
+        if args.record:
+            from .video import VideoWriter
+
+            self.video = VideoWriter(args.record)
+        self.show = args.show
+
+    def handle(self, msg: Message) -> None:
+        if isinstance(msg, KeypointsMessage) and self.lines is not None:
+            m = msg.meta
+            self.lines.write(keypoint_record(
+                frame=m.frame_index, pts=m.pts, time_base=m.time_base, capture_ns=m.capture_ns, width=m.width,
+                height=m.height, random_weights=m.random_weights, boxes=msg.boxes, box_scores=msg.box_scores,
+                track_ids=msg.track_ids, keypoints=msg.keypoints if msg.keypoints.shape[1] else None,
+                scores=msg.keypoint_scores if msg.keypoints.shape[1] else None, source=m.source_id))
+        elif isinstance(msg, StatusMessage) and self.lines is not None and isinstance(msg.header.get("event"), dict):
+            self.lines.write(_finite({**msg.header["event"], "source": msg.source_id}))
+        elif isinstance(msg, FrameMessage):
+            if self.video is not None:
+                self.video.write(msg.image, Fraction(msg.meta.capture_ns, 1_000_000_000))
+            if self.show:
+                import cv2
+
+                cv2.imshow(msg.meta.source_id, cv2.cvtColor(msg.image, cv2.COLOR_RGB2BGR))
+                cv2.waitKey(1)
+
+    def close(self) -> None:
+        if self.lines is not None:
+            self.lines.close()
+        if self.video is not None:
+            self.video.close()
+
+
+def _hint(args: argparse.Namespace, timeout: float) -> str:
+    causes = ["no pipeline publishes there (start one with --publish " + args.endpoint + ")",
+              "the topic or source filter matches nothing"]
+    causes.insert(1, "the publisher uses CURVE and these keys are not authorised there" if args.keys
+                  else "the publisher uses CURVE (then pass --keys DIR)")
+    return f"nothing received from {args.endpoint} within {timeout:g} s; likely: " + "; or ".join(causes)
+
+
+def cmd_subscribe(args: argparse.Namespace) -> int:
+    topics = list(args.topic or ["keypoints"])
+    if (args.record or args.show) and not any(t.startswith("frame") or t == "" for t in topics):
+        topics.append("frame")
+    if args.save_keypoints and not any(t.startswith(("keypoints", "status")) or t == "" for t in topics):
+        topics.append("keypoints")
+    try:
+        curve = CurveClientKeys.from_dir(args.keys, args.client_name) if args.keys else None
+        sub = Subscriber(args.endpoint, topics, sources=args.source, latest_only=args.latest_only,
+                         max_message_bytes=int(args.max_message_mb * 2**20), curve=curve)
+    except (OSError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    try:
+        outputs = _Outputs(args)
+    except (OSError, ImportError, RuntimeError) as e:
+        sub.close()
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print_frames = any(t.startswith("frame") or t == "" for t in args.topic or [])
+    stop = threading.Event()
+    _on_signals(lambda *_: stop.set())
+    print(f"subscribing to {args.endpoint} (topics: {', '.join(t or '<all>' for t in topics)}"
+          f"{', CURVE' if curve else ''}); waiting for messages", file=sys.stderr, flush=True)
+    seen, last_at = 0, time.monotonic()
+    rc = 0
+    try:
+        while not stop.is_set() and (args.count is None or seen < args.count):
+            try:
+                msg = sub.recv(timeout_s=0.2)  # short waits so signals and --timeout are noticed
+            except ReceiveTimeout:
+                if args.timeout is not None and time.monotonic() - last_at > args.timeout:
+                    if seen == 0:
+                        print(f"error: {_hint(args, args.timeout)}", file=sys.stderr)
+                        rc = NOTHING_RECEIVED
+                    break
+                continue
+            seen, last_at = seen + 1, time.monotonic()
+            outputs.handle(msg)
+            if args.quiet or (isinstance(msg, FrameMessage) and not print_frames):
+                continue
+            print(json.dumps(summary(msg), allow_nan=False) if args.json else line(msg), flush=True)
+    except wire.SchemaVersionError as e:
+        print(f"error: {e}", file=sys.stderr)
+        rc = 2
+    except (OSError, RuntimeError, JsonlError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        rc = 1
+    finally:
+        sub.close()
+    try:
+        outputs.close()
+    except (OSError, RuntimeError) as e:
+        print(f"error: finishing the outputs failed: {e}", file=sys.stderr)
+        return 1
+    skipped = dict(sub.stats.skipped)
+    if skipped or sub.stats.missed:
+        print(f"received {sub.stats.received}, skipped {skipped or 0}, missed {sub.stats.missed}",
+              file=sys.stderr)
+    return rc
+
+
+def _on_signals(handler: Any) -> None:
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, handler)
+        signal.signal(signal.SIGTERM, handler)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sapiens2-client", description="Subscribe to a sapiens2-stream pipeline")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_subscribe_command(sub)
+    add_keys_command(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""Typed records of the wire messages (see docs/WIRE.md) and the checks that tie their parts together."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Union
+
+import numpy as np
+
+from .wire import Decoded, FrameMeta, WireError, meta_from_header
+
+
+@dataclass
+class KeypointsMessage:
+    """keypoints: (N, K, 2) float32 pixels; keypoint_scores: (N, K); boxes: (N, 4) xyxy;
+    box_scores: (N,); track_ids: (N,) int64, -1 when untracked. K is 0 when not computed."""
+
+    topic: str
+    header: dict[str, Any]
+    meta: FrameMeta
+    keypoints: np.ndarray
+    keypoint_scores: np.ndarray
+    boxes: np.ndarray
+    box_scores: np.ndarray
+    track_ids: np.ndarray
+
+
+@dataclass
+class FrameMessage:
+    """image: (H, W, 3) uint8 RGB, decoded from JPEG; annotated: whether overlays are drawn."""
+
+    topic: str
+    header: dict[str, Any]
+    meta: FrameMeta
+    image: np.ndarray
+    annotated: bool
+
+
+@dataclass
+class SegMessage:
+    """classes: (H, W) uint8 class ids, decoded from PNG (lossless)."""
+
+    topic: str
+    header: dict[str, Any]
+    meta: FrameMeta
+    classes: np.ndarray
+
+
+@dataclass
+class MatteMessage:
+    """alpha: (H, W) uint8, alpha_float = alpha / alpha_scale (255) in [0, 1]."""
+
+    topic: str
+    header: dict[str, Any]
+    meta: FrameMeta
+    alpha: np.ndarray
+
+    @property
+    def alpha_float(self) -> np.ndarray:
+        return self.alpha.astype(np.float32) / float(self.header.get("alpha_scale", 255))
+
+
+@dataclass
+class StatusMessage:
+    """Periodic health of one source: fps, drop counters, health string (and the event that
+    triggered it, when a change of health did)."""
+
+    topic: str
+    header: dict[str, Any]
+    source_id: str
+    publish_ns: int
+    fps: float
+    health: str
+    frames: int
+    last_frame_index: int
+    drops: dict[str, int]
+
+
+Message = Union[KeypointsMessage, FrameMessage, SegMessage, MatteMessage, StatusMessage]
+
+# name -> (dtype, shape in terms of N persons and K keypoints)
+KEYPOINT_PARTS = {
+    "keypoints": ("<f4", ("N", "K", 2)),
+    "keypoint_scores": ("<f4", ("N", "K")),
+    "boxes": ("<f4", ("N", 4)),
+    "box_scores": ("<f4", ("N",)),
+    "track_ids": ("<i8", ("N",)),
+}
+IMAGE_PART = {"frame": "image", "seg": "classes", "matte": "alpha"}
+
+
+def _keypoint_arrays(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The five keypoint parts, with their dtypes and N/K agreeing across parts; raises WireError."""
+    missing = [name for name in KEYPOINT_PARTS if name not in arrays]
+    if missing:
+        raise WireError(f"keypoints message lacks parts {missing}", "parts")
+    n = arrays["boxes"].shape[0] if arrays["boxes"].ndim else -1
+    k = arrays["keypoints"].shape[1] if arrays["keypoints"].ndim == 3 else -1
+    sizes = {"N": n, "K": k}
+    for name, (dtype, shape) in KEYPOINT_PARTS.items():
+        array = arrays[name]
+        want = tuple(sizes.get(s, s) for s in shape)
+        if array.dtype.str != dtype or array.shape != want:
+            raise WireError(f"keypoints part {name!r} is {array.shape} {array.dtype.str}, expected {want} {dtype}",
+                            "shape")
+    return arrays
+
+
+def to_message(d: Decoded) -> Message:
+    """Turn a decoded wire message into its typed record; raises WireError on missing or inconsistent parts."""
+    h, a = d.header, d.arrays
+    if d.kind == "status":
+        return StatusMessage(d.topic, h, d.source_id, h.get("publish_ns", 0), float(h["fps"]), h["health"],
+                             h["frames"], h["last_frame_index"], dict(h.get("drops", {})))
+    meta = meta_from_header(h)
+    if d.kind == "keypoints":
+        k = _keypoint_arrays(a)
+        return KeypointsMessage(d.topic, h, meta, k["keypoints"], k["keypoint_scores"], k["boxes"], k["box_scores"],
+                                k["track_ids"])
+    name = IMAGE_PART[d.kind]
+    if name not in a:
+        raise WireError(f"{d.kind} message lacks its {name!r} part", "parts")
+    if d.kind == "frame":
+        return FrameMessage(d.topic, h, meta, a[name], h.get("annotated", False))
+    if d.kind == "seg":
+        return SegMessage(d.topic, h, meta, a[name])
+    return MatteMessage(d.topic, h, meta, a[name])
+
+
+def decode_message(frames, limits=None) -> Message:
+    """Validate and decode one multipart message into its typed record; WireError if it is refused."""
+    from .wire import decode
+
+    return to_message(decode(frames, limits=limits))

@@ -1,0 +1,257 @@
+"""Subscriber: receive sapiens2-stream messages as typed records (see docs/WIRE.md).
+
+A subscriber survives any message. The socket refuses frames larger than ``max_message_bytes``
+before they are received (ZMQ_MAXMSGSIZE: libzmq drops the connection, and treats that as a
+protocol error it never reconnects after, so the subscriber watches its socket and connects again
+itself; ``stats.disconnects`` counts it); every message that does
+arrive is validated by ``wire.decode`` and, when malformed, skipped and counted by reason in
+``Subscriber.stats`` (``skipped["shape"]``, ...). A message of another schema version is counted
+too (``skipped["version"]``) and logged once per source: one old publisher behind a broker must
+not stop a subscriber that reads the others. ``latest_only`` drains the socket on every receive
+and keeps only the newest image message (frame/seg/matte) of each topic.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from . import wire
+from .keys import CurveClientKeys
+from .messages import (
+    FrameMessage,
+    KeypointsMessage,
+    MatteMessage,
+    Message,
+    SegMessage,
+    StatusMessage,
+    to_message,
+)
+
+log = logging.getLogger(__name__)
+
+__all__ = ["CurveClientKeys", "FrameMessage", "KeypointsMessage", "MatteMessage", "Message", "ReceiveTimeout",
+           "SegMessage", "StatusMessage", "Subscriber", "SubscriberStats", "to_message"]
+
+_UNSET: Any = object()
+_DRAIN_LIMIT = 10_000  # bounded drain so a flood cannot keep recv() busy forever
+
+
+class ReceiveTimeout(TimeoutError):
+    """No message arrived within the receive timeout."""
+
+
+@dataclass
+class SubscriberStats:
+    """What the subscriber received, skipped and why."""
+
+    received: int = 0
+    skipped: collections.Counter = field(default_factory=collections.Counter)  # reason -> messages refused
+    superseded: int = 0  # older image messages discarded by latest_only
+    filtered: int = 0  # other sources, when sources= is given
+    missed: int = 0  # frame_index gaps per topic: messages the publisher or network dropped
+    disconnects: int = 0  # connections lost (an oversized message, a publisher restart) and made again
+
+    @property
+    def malformed(self) -> int:
+        """Messages refused for any reason but their size."""
+        return sum(n for reason, n in self.skipped.items() if reason != "too_large")
+
+    @property
+    def oversized(self) -> int:
+        return self.skipped["too_large"]
+
+
+class Subscriber:
+    """Connects a SUB socket and yields typed messages.
+
+    topics are prefixes: a kind ("keypoints"), a kind and source ("frame.cam0") or "" for all.
+    sources, when given, keeps only those exact source ids (prefix "frame.cam1" also matches
+    "frame.cam10"). timeout_s=None waits forever; iterating stops when a timeout passes.
+    ``strict_version=True`` raises SchemaVersionError instead of skipping such messages.
+    """
+
+    def __init__(
+        self,
+        endpoint: str = wire.DEFAULT_ENDPOINT,
+        topics: Sequence[str] = ("keypoints",),
+        *,
+        sources: Sequence[str] | None = None,
+        latest_only: bool = False,
+        timeout_s: float | None = None,
+        max_message_bytes: int = wire.DEFAULT_MAX_MESSAGE_BYTES,
+        limits: wire.Limits | None = None,
+        strict_version: bool = False,
+        rcvhwm: int = 100,
+        curve: CurveClientKeys | None = None,
+        context: zmq.Context | None = None,
+    ) -> None:
+        if isinstance(topics, str):
+            topics = [topics]
+        self.endpoint = endpoint
+        self.sources = None if sources is None else frozenset(sources)
+        self.latest_only = latest_only
+        self.timeout_s = timeout_s
+        self.limits = wire.Limits(max_message_bytes=max_message_bytes) if limits is None else limits
+        self.strict_version = strict_version
+        self.stats = SubscriberStats()
+        self._pending: collections.deque[Message] = collections.deque()
+        self._last_index: dict[str, int] = {}
+        self._warned_versions: set[str] = set()
+        self._own_ctx = context is None
+        self._ctx = context or zmq.Context()
+        self._sock = self._ctx.socket(zmq.SUB)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.RCVHWM, rcvhwm)
+        # Frames over the limit are refused while they arrive (the peer is disconnected), never buffered.
+        self._sock.setsockopt(zmq.MAXMSGSIZE, self.limits.max_message_bytes)
+        if curve is not None:
+            curve.apply(self._sock)
+        for prefix in _prefixes(topics, sources):
+            self._sock.setsockopt(zmq.SUBSCRIBE, prefix.encode())
+        self._monitor = self._sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self._endpoints: list[str] = []
+        self._poller = zmq.Poller()
+        self._poller.register(self._sock, zmq.POLLIN)
+        self._poller.register(self._monitor, zmq.POLLIN)
+        self.connect(endpoint)
+
+    def connect(self, endpoint: str) -> None:
+        """Receive from another publisher (or broker) too; ValueError for an endpoint ZeroMQ refuses."""
+        try:
+            self._sock.connect(endpoint)
+        except zmq.ZMQError as e:
+            self.close()
+            raise ValueError(f"cannot connect to {endpoint!r}: {e}; expected e.g. {wire.DEFAULT_ENDPOINT}") from e
+        self._endpoints.append(endpoint)
+
+    def recv(self, timeout_s: float | None = _UNSET) -> Message:
+        """The next message; raises ReceiveTimeout when none arrives in time."""
+        timeout = self.timeout_s if timeout_s is _UNSET else timeout_s
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if self.latest_only:
+                self._drain()
+            if self._pending:
+                return self._pending.popleft()
+            wait_ms = None if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
+            ready = dict(self._poller.poll(wait_ms))
+            if not ready:
+                raise ReceiveTimeout(f"no message from {self.endpoint} within {timeout} s")
+            if self._monitor in ready:
+                self._reconnect_dropped()
+            if self._sock in ready:
+                self._receive_one()
+
+    def _reconnect_dropped(self) -> None:
+        """Connect again where libzmq dropped a connection (it does not after a too-large message)."""
+        while self._monitor.poll(0):
+            event = recv_monitor_message(self._monitor)
+            endpoint = event["endpoint"].decode() if isinstance(event["endpoint"], bytes) else event["endpoint"]
+            if event["event"] != zmq.EVENT_DISCONNECTED or endpoint not in self._endpoints:
+                continue
+            self.stats.disconnects += 1
+            log.debug("connection to %s dropped; connecting again", endpoint)
+            try:
+                self._sock.disconnect(endpoint)
+            except zmq.ZMQError:
+                pass  # libzmq may have forgotten it already
+            self._sock.connect(endpoint)
+
+    def __iter__(self) -> Iterator[Message]:
+        """Yield messages until a receive timeout passes (forever when timeout_s is None)."""
+        while True:
+            try:
+                yield self.recv()
+            except ReceiveTimeout:
+                return
+
+    def close(self) -> None:
+        """Close the socket (no linger) and the context when this subscriber made it."""
+        monitor = getattr(self, "_monitor", None)
+        if not self._sock.closed:
+            if monitor is not None:
+                self._sock.disable_monitor()
+            self._sock.close(linger=0)
+        if monitor is not None and not monitor.closed:
+            monitor.close(linger=0)
+        if self._own_ctx and not self._ctx.closed:
+            self._ctx.term()
+
+    def __enter__(self) -> Subscriber:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _receive_one(self) -> bool:
+        try:
+            frames = self._sock.recv_multipart(zmq.NOBLOCK)
+        except zmq.Again:
+            return False
+        try:
+            msg = to_message(wire.decode(frames, limits=self.limits))
+        except wire.SchemaVersionError as e:
+            if self.strict_version:
+                raise
+            self._skip(e)
+            topic = bytes(frames[0][:80]).decode("ascii", "replace")
+            if topic not in self._warned_versions:
+                self._warned_versions.add(topic)
+                log.warning("skipping %s: %s", topic, e)
+            return True
+        except wire.WireError as e:
+            self._skip(e)
+            return True
+        source = msg.source_id if isinstance(msg, StatusMessage) else msg.meta.source_id
+        if self.sources is not None and source not in self.sources:
+            self.stats.filtered += 1
+            return True
+        self.stats.received += 1
+        if not isinstance(msg, StatusMessage):
+            last = self._last_index.get(msg.topic)
+            if last is not None and msg.meta.frame_index > last + 1:
+                self.stats.missed += msg.meta.frame_index - last - 1
+            self._last_index[msg.topic] = msg.meta.frame_index
+        self._pending.append(msg)
+        return True
+
+    def _skip(self, error: wire.WireError) -> None:
+        self.stats.skipped[error.reason] += 1
+        log.debug("skipped a message (%s): %s", error.reason, error)
+
+    def _drain(self) -> None:
+        """Take everything already queued, then keep only the newest image message per topic."""
+        for _ in range(_DRAIN_LIMIT):
+            if not self._receive_one():
+                break
+        newest: dict[str, int] = {}
+        for i, m in enumerate(self._pending):
+            if isinstance(m, (FrameMessage, SegMessage, MatteMessage)):
+                newest[m.topic] = i
+        if not newest:
+            return
+        kept: collections.deque[Message] = collections.deque()
+        for i, m in enumerate(self._pending):
+            if isinstance(m, (FrameMessage, SegMessage, MatteMessage)) and newest[m.topic] != i:
+                self.stats.superseded += 1
+            else:
+                kept.append(m)
+        self._pending = kept
+
+
+def _prefixes(topics: Sequence[str], sources: Sequence[str] | None) -> list[str]:
+    out: list[str] = []
+    for t in topics:
+        if sources and t in wire.KINDS:
+            out.extend(f"{t}.{s}" for s in sources)
+        else:
+            out.append(t)
+    return out

@@ -1,0 +1,109 @@
+"""Helpers for tests that run the ``sapiens2-stream`` CLI as a real subprocess on real files."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import av
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = REPO / "configs"
+_SCRIPT = Path(sys.executable).parent / "sapiens2-stream"
+CLI = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "pipeline.cli"]
+RUN_TIMEOUT_S = 90.0  # one CLI run, worst case on a slow 2-core machine
+NUM_KEYPOINTS = 308
+# Flags that make a file run fully offline on tiny random checkpoints with the frame as the person.
+OFFLINE = ["--detector", "full-frame", "--fallback-tiny", "--device", "cpu", "--dtype", "float32", "--no-progress"]
+
+
+# -- helpers ---------------------------------------------------------------------------------
+@dataclass
+class Ran:
+    rc: int
+    stdout: str
+    stderr: str
+    elapsed: float
+
+
+def run_cli(args: list[str], env: dict[str, str], cwd: Path, timeout: float = RUN_TIMEOUT_S) -> Ran:
+    start = time.monotonic()
+    proc = subprocess.run([*CLI, *map(str, args)], env=env, cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout)
+    return Ran(proc.returncode, proc.stdout, proc.stderr, time.monotonic() - start)
+
+
+def make_video(path: Path, n: int, w: int = 320, h: int = 240, fps: int = 30, faststart: bool = False) -> Path:
+    """``n`` frames of a moving bright block on a gradient (so frames differ), libx264 mp4."""
+    options = {"movflags": "faststart"} if faststart else {}
+    ramp = np.linspace(0, 120, w, dtype=np.float32)[None, :, None]
+    base = np.broadcast_to(ramp, (h, w, 3)).astype(np.uint8)
+    with av.open(str(path), "w", options=options) as container:
+        stream = container.add_stream("libx264", rate=fps)
+        stream.width, stream.height, stream.pix_fmt = w, h, "yuv420p"
+        for i in range(n):
+            image = base.copy()
+            x = (i * 9) % (w - 60)
+            image[h // 4: 3 * h // 4, x: x + 60] = (230, 160, 60)
+            for packet in stream.encode(av.VideoFrame.from_ndarray(image, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return path
+
+
+@dataclass
+class Decoded:
+    count: int
+    width: int
+    height: int
+    times: list[float]  # seconds, presentation order
+    pts: list[int]
+
+
+def decode_video(path: Path) -> Decoded:
+    """Every frame of ``path`` decoded with PyAV (raises if the file is not playable)."""
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        frames = list(container.decode(stream))
+    assert frames, f"{path}: no decodable frames"
+    return Decoded(len(frames), frames[0].width, frames[0].height,
+                   [float(f.pts * f.time_base) for f in frames], [int(f.pts) for f in frames])
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def strictly_increasing(values: list) -> bool:
+    return all(b > a for a, b in zip(values, values[1:]))
+
+
+def assert_one_clear_error(ran: Ran, *needles: str) -> str:
+    """Non-zero, fast, no traceback, and stderr ends with one ``error:`` line naming the needles."""
+    assert ran.rc not in (0, None), f"expected a failure, got rc={ran.rc}\n{ran.stderr}"
+    assert ran.elapsed < 30.0, f"took {ran.elapsed:.1f} s to fail"
+    assert "Traceback" not in ran.stderr, ran.stderr
+    lines = [line for line in ran.stderr.splitlines() if line.strip()]
+    assert lines, "no message on stderr"
+    last = lines[-1]
+    assert last.startswith("error:"), f"last stderr line is not an error line: {last!r}\n{ran.stderr}"
+    assert sum(line.startswith("error:") for line in lines) == 1, ran.stderr
+    for needle in needles:
+        assert needle.lower() in last.lower(), f"{needle!r} not in {last!r}"
+    return last
+
+
+def assert_person_keypoints(record: dict) -> None:
+    assert record["persons"], f"frame {record['frame']}: no person (full-frame detector gives one)"
+    for person in record["persons"]:
+        kpts = person["keypoints"]
+        assert kpts is not None and len(kpts) == NUM_KEYPOINTS
+        assert all(len(k) == 3 for k in kpts)
+        assert all(v is not None and math.isfinite(v) for k in kpts for v in k), "non-finite keypoint value"

@@ -1,0 +1,345 @@
+"""The network side under faults: rogue publishers against the real subscriber CLI, an image bomb and an
+oversized message against memory, CURVE and the broker from the command line, keys that are never
+replaced, and a subscriber that waits for nothing."""
+
+from __future__ import annotations
+
+import base64
+import json
+import socket
+import subprocess
+import sys
+import time
+from fractions import Fraction
+from pathlib import Path
+
+import msgpack
+import numpy as np
+import pytest
+import zmq
+
+from pipeline.sinks.publisher import ZmqPublisher
+from sapiens2_client import wire
+from sapiens2_client.keys import CurveServerKeys
+from stages.types import Detections, Frame, FrameResult, Keypoints, StreamInfo
+from tests.cliutil import CLI, OFFLINE
+
+pytestmark = pytest.mark.timeout(180)
+VECTORS = json.loads((Path(__file__).resolve().parents[1] / "clients" / "vectors" / "vectors.json").read_text())
+BAD = {c["name"]: [base64.b64decode(f) for f in c["frames"]] for c in VECTORS["cases"] if "error" in c}
+GOOD_STATUS = wire.encode("status", "cam0", {"fps": 1.0, "health": "ok", "frames": 1, "last_frame_index": 0,
+                                             "drops": {}}, publish_ns=1)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(args: list, **kw) -> subprocess.Popen:
+    return subprocess.Popen([*CLI, *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+
+def _rogue() -> tuple[zmq.Context, zmq.Socket, str]:
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.PUB)
+    sock.linger = 0
+    sock.bind("tcp://127.0.0.1:*")
+    return ctx, sock, sock.getsockopt_string(zmq.LAST_ENDPOINT)
+
+
+def _until_joined(sock: zmq.Socket, proc: subprocess.Popen, marker: list[bytes]) -> None:
+    """Send ``marker`` until the subscriber process prints something (slow-joiner safe)."""
+    import select
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        sock.send_multipart(marker)
+        if select.select([proc.stdout], [], [], 0.1)[0]:
+            return
+        assert proc.poll() is None, proc.communicate()[1]
+    raise AssertionError("the subscriber never received anything")
+
+
+def test_subscriber_cli_survives_every_malformed_message() -> None:
+    ctx, sock, endpoint = _rogue()
+    proc = _start(["subscribe", "--endpoint", endpoint, "--topic", "", "--json", "--count", "3", "--timeout", "30"])
+    try:
+        _until_joined(sock, proc, GOOD_STATUS)
+        for frames in BAD.values():
+            sock.send_multipart(frames)
+        for _ in range(20):
+            sock.send_multipart(GOOD_STATUS)
+            time.sleep(0.01)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        sock.close()
+        ctx.term()
+    assert proc.returncode == 0, err
+    lines = [json.loads(line) for line in out.splitlines()]  # strict JSON: never NaN
+    assert len(lines) == 3 and all(line["topic"] == "status.cam0" for line in lines)
+    assert "Traceback" not in err
+    assert "skipped" in err  # the refusals were counted and reported
+
+
+def _peak_rss_of_subscriber(frames: list[bytes], limit_mb: float = 64.0) -> tuple[int, dict, int]:
+    """Run a Subscriber in a child process, send ``frames`` then good messages; returns how much the
+    child's peak RSS grew after it was ready (kB), its skip counts and how many good messages it got."""
+    ctx, sock, endpoint = _rogue()
+    code = f"""
+import json, resource, sys
+sys.path.insert(0, {str(Path(__file__).resolve().parents[1] / "clients" / "python")!r})
+from sapiens2_client.subscriber import Subscriber, ReceiveTimeout
+sub = Subscriber({endpoint!r}, [""], max_message_bytes=int({limit_mb} * 2**20))
+got = 0
+print("ready", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, flush=True)
+while got < 3:
+    try:
+        sub.recv(timeout_s=30)
+        got += 1
+    except ReceiveTimeout:
+        break
+print(json.dumps({{"rss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "skipped": dict(sub.stats.skipped),
+                  "got": got, "disconnects": sub.stats.disconnects}}), flush=True)
+"""
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        ready = proc.stdout.readline().split()
+        assert ready[0] == "ready"
+        baseline_kb = int(ready[1])
+        time.sleep(0.5)  # let the SUB connect (slow joiner); extra good messages below make up for a late one
+        sock.send_multipart(frames)
+        for _ in range(200):
+            sock.send_multipart(GOOD_STATUS)
+            time.sleep(0.02)
+            if proc.poll() is not None:
+                break
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        sock.close()
+        ctx.term()
+    assert proc.returncode == 0, err
+    report = json.loads(out.strip().splitlines()[-1])
+    return report["rss_kb"] - baseline_kb, {**report["skipped"], "disconnects": report["disconnects"]}, report["got"]
+
+
+def test_an_image_bomb_costs_no_memory() -> None:
+    """875 KB of PNG that decodes to 30000x30000 pixels: refused from its header, never decoded."""
+    bomb = BAD["png_bomb_declared_large"]
+    rss_kb, skipped, got = _peak_rss_of_subscriber(bomb)
+    assert got == 3 and skipped.get("too_large", 0) + skipped.get("shape", 0) >= 1, skipped
+    assert rss_kb < 100_000, f"peak RSS grew {rss_kb / 1024:.0f} MB: the bomb was decoded"
+
+
+def test_an_oversized_message_is_refused_while_it_arrives() -> None:
+    """A 96 MB frame against a 16 MB limit: libzmq drops the connection instead of buffering it."""
+    big = [b"status.cam0", GOOD_STATUS[1], b"\0" * (96 * 2**20)]
+    rss_kb, skipped, got = _peak_rss_of_subscriber(big, limit_mb=16)
+    assert got == 3 and skipped["disconnects"] >= 1, skipped  # dropped, connected again, and went on
+    assert rss_kb < 50_000, f"peak RSS grew {rss_kb / 1024:.0f} MB: the oversized message was received"
+
+
+# -- subscribe waits for nothing -------------------------------------------------------------
+def test_subscribe_against_nothing_says_why_and_fails(tmp_path: Path) -> None:
+    proc = _start(["subscribe", "--endpoint", f"tcp://127.0.0.1:{_free_port()}", "--timeout", "1"])
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 3, err
+    assert "waiting for messages" in err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("error: nothing received") and "--publish" in last and "CURVE" in last
+
+
+def test_subscribe_without_keys_against_curve_fails_and_the_publisher_warns(tmp_path: Path, caplog) -> None:
+    keys = tmp_path / "keys"
+    assert subprocess.run([*CLI, "keys", keys], capture_output=True, timeout=60).returncode == 0
+    pub = ZmqPublisher("tcp://127.0.0.1:*", curve=CurveServerKeys.from_dir(keys), status_interval_s=0.1)
+    pub.open(StreamInfo("cam0", 8, 8, 30.0, Fraction(1, 30), live=True))
+    try:
+        with caplog.at_level("WARNING", "pipeline.sinks.publisher"):
+            proc = _start(["subscribe", "--endpoint", pub.endpoint, "--topic", "status", "--timeout", "2"])
+            out, err = proc.communicate(timeout=60)
+            deadline = time.monotonic() + 10
+            while "handshake" not in caplog.text and time.monotonic() < deadline:
+                time.sleep(0.05)
+    finally:
+        pub.close()
+    assert proc.returncode == 3 and "CURVE" in err.strip().splitlines()[-1], err
+    assert "handshake" in caplog.text  # the refused subscriber is visible on the publisher's side
+
+
+# -- keys ------------------------------------------------------------------------------------
+def test_keys_are_added_never_replaced(tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    first = subprocess.run([*CLI, "keys", keys, "--client", "alice"], capture_output=True, text=True, timeout=60)
+    assert first.returncode == 0, first.stderr
+    server = (keys / "server.key_secret").read_bytes()
+    alice = (keys / "clients" / "alice.key_secret").read_bytes()
+    again = subprocess.run([*CLI, "keys", keys, "--client", "bob"], capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0, again.stderr
+    assert (keys / "server.key_secret").read_bytes() == server  # the server key stays
+    assert (keys / "authorized" / "bob.key").is_file() and (keys / "authorized" / "alice.key").is_file()
+    same = subprocess.run([*CLI, "keys", keys, "--client", "alice"], capture_output=True, text=True, timeout=60)
+    assert same.returncode != 0 and "already exists" in same.stderr and len(same.stderr.splitlines()) == 1
+    assert (keys / "clients" / "alice.key_secret").read_bytes() == alice
+
+
+# -- the broker from the command line --------------------------------------------------------
+def _broker(args: list) -> tuple[subprocess.Popen, str, str]:
+    proc = _start(["broker", *args])
+    line = proc.stdout.readline()  # "broker: publishers -> EP, subscribers -> EP"
+    assert line.startswith("broker:"), proc.communicate()[1]
+    return proc, line.split("-> ")[1].split(",")[0], line.split("-> ")[2].strip()
+
+
+@pytest.mark.parametrize("curve", [False, True])
+def test_pipeline_publishes_through_the_broker_from_the_cli(tiny: Path, cli_env: dict[str, str], tmp_path: Path,
+                                                           curve: bool) -> None:
+    keys = tmp_path / "keys"
+    key_args: list = []
+    if curve:
+        ran = subprocess.run([*CLI, "keys", keys, "--client", "pipeline", "--client", "viewer"], capture_output=True,
+                             text=True, timeout=60)
+        assert ran.returncode == 0, ran.stderr
+        key_args = ["--curve-dir", keys]
+    broker, xsub, xpub = _broker(["--xsub", "tcp://127.0.0.1:0", "--xpub", "tcp://127.0.0.1:0", *key_args])
+    pipeline = _start(["--source", "demo", "--realtime", "--tasks", "pose", *OFFLINE, "--source-id", "cam3",
+                       "--publish-connect", xsub, *key_args, "--curve-client", "pipeline"], env=cli_env, cwd=tmp_path)
+    try:
+        sub_keys = ["--keys", keys, "--client-name", "viewer"] if curve else []
+        sub = _start(["subscribe", "--endpoint", xpub, "--count", "3", "--timeout", "90", *sub_keys])
+        out, err = sub.communicate(timeout=150)
+        assert sub.returncode == 0, err + pipeline.stderr.read() if pipeline.poll() is not None else err
+        assert [line.split()[0] for line in out.splitlines()] == ["keypoints.cam3"] * 3
+        if curve:  # a client the broker does not know gets nothing
+            stranger = tmp_path / "stranger"
+            subprocess.run([*CLI, "keys", stranger, "--client", "viewer"], capture_output=True, timeout=60)
+            rogue = _start(["subscribe", "--endpoint", xpub, "--timeout", "3", "--keys", stranger, "--client-name",
+                            "viewer"])
+            _, rerr = rogue.communicate(timeout=60)
+            assert rogue.returncode == 3, rerr
+    finally:
+        for proc in (pipeline, broker):
+            proc.send_signal(2)
+        for proc in (pipeline, broker):
+            try:
+                proc.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+# -- outages reach the sinks, timestamps stay monotonic ---------------------------------------
+def test_reconnect_is_marked_in_the_jsonl_and_the_status_and_pts_keep_increasing(tmp_path: Path) -> None:
+    import torch
+
+    from pipeline.engine import FrameEngine
+    from pipeline.runner import Runner
+    from pipeline.sinks.jsonl import KeypointWriter
+    from pipeline.sources import Source
+    from pipeline.sources.demo import SyntheticCamera
+    from pipeline.stages_setup import Stages
+    from sapiens2_client.subscriber import ReceiveTimeout, StatusMessage, Subscriber
+    from stages.detector import FullFrameDetector
+
+    camera = SyntheticCamera(fps=100.0)
+    source = Source(camera.open, label="synthetic", source_id="cam0", live=True, reconnect=True, stall_timeout_s=0.3,
+                    open_timeout_s=1.0, backoff_initial_s=0.05, backoff_max_s=0.2)
+    kp = tmp_path / "out.jsonl"
+    pub = ZmqPublisher("tcp://127.0.0.1:*", status_interval_s=5.0)  # periodic status rare: events must show
+    pub.bind()
+    sub = Subscriber(pub.endpoint, ["status"])
+    assert pub.wait_for_subscriber("status.cam0", 10)
+    engine = FrameEngine(Stages(torch.device("cpu"), FullFrameDetector()))
+    runner = Runner(source, engine, [KeypointWriter(kp), pub], None, False)
+    import threading
+
+    thread = threading.Thread(target=runner.run)
+    thread.start()
+    healths: list[str] = []
+    try:
+        deadline = time.monotonic() + 30
+        while _lines(kp) < 20:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        camera.stall()
+        while "stalled" not in healths or "reconnecting" not in healths:
+            assert time.monotonic() < deadline + 30, healths
+            try:
+                msg = sub.recv(timeout_s=0.5)
+            except ReceiveTimeout:
+                continue
+            if isinstance(msg, StatusMessage):
+                healths.append(msg.health)
+        camera.resume()
+        while "ok" not in healths[healths.index("reconnecting"):]:
+            assert time.monotonic() < deadline + 60, healths
+            try:
+                msg = sub.recv(timeout_s=0.5)
+            except ReceiveTimeout:
+                continue
+            if isinstance(msg, StatusMessage):
+                healths.append(msg.health)
+        before = _lines(kp)
+        while _lines(kp) < before + 10:
+            assert time.monotonic() < deadline + 60
+            time.sleep(0.02)
+    finally:
+        runner.stop.set()
+        thread.join(30)
+        sub.close()
+    lines = [json.loads(line) for line in kp.read_text().splitlines()]
+    events = [line["event"] for line in lines if "event" in line]
+    assert events[:3] == ["stalled", "reconnecting", "resumed"], events
+    resumed = next(line for line in lines if line.get("event") == "resumed")
+    assert resumed["outage_s"] > 0.2 and resumed["session"] >= 1
+    frames = [line for line in lines if "frame" in line]
+    pts = [f["pts"] for f in frames]
+    assert all(b > a for a, b in zip(pts, pts[1:])), "pts went backwards across the reconnect"
+    first_after = frames[next(i for i, f in enumerate(frames) if f["frame"] >= resumed["first_frame"])]
+    last_before = frames[next(i for i, f in enumerate(frames) if f["frame"] >= resumed["first_frame"]) - 1]
+    gap_s = (first_after["pts"] - last_before["pts"]) / 100  # time base 1/100
+    assert gap_s >= 0.2, "the outage does not show in the timestamps"
+
+
+def _lines(path: Path) -> int:
+    try:
+        return path.read_bytes().count(b"\n")
+    except FileNotFoundError:
+        return 0
+
+
+def _result(i: int) -> FrameResult:
+    image = np.zeros((8, 8, 3), np.uint8)
+    frame = Frame(i, image, i, Fraction(1, 30), time.time_ns(), "cam0")
+    return FrameResult(frame, Detections(np.ones((1, 4), np.float32), [1.0], [0]),
+                       Keypoints(np.zeros((1, 308, 2), np.float32), np.zeros((1, 308), np.float32)))
+
+
+def test_json_header_and_msgpack_header_rogue_fields_never_print_nan() -> None:
+    """A header field holding NaN (legal in msgpack) must not reach --json output as NaN."""
+    ctx, sock, endpoint = _rogue()
+    header = msgpack.unpackb(GOOD_STATUS[1])
+    header["uptime_s"] = float("nan")  # refused (not finite)
+    nan_status = [GOOD_STATUS[0], msgpack.packb(header)]
+    header = msgpack.unpackb(GOOD_STATUS[1])
+    header["unknown_future_key"] = float("nan")  # ignored (unknown keys are not printed)
+    unknown = [GOOD_STATUS[0], msgpack.packb(header)]
+    proc = _start(["subscribe", "--endpoint", endpoint, "--topic", "status", "--json", "--count", "2",
+                   "--timeout", "30"])
+    try:
+        _until_joined(sock, proc, unknown)
+        sock.send_multipart(nan_status)
+        for _ in range(10):
+            sock.send_multipart(unknown)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        sock.close()
+        ctx.term()
+    assert proc.returncode == 0, err
+    assert "NaN" not in out and all(json.loads(line) for line in out.splitlines())
