@@ -9,11 +9,11 @@ JS_STAMP := $(JS)/node_modules/.installed
 
 .PHONY: demo test test-python test-js install bench vectors clean
 
-$(STAMP): pyproject.toml clients/python/pyproject.toml
+$(STAMP): pyproject.toml clients/python/pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q torch==2.14.1 torchvision==0.29.1
-	$(PY) -m pip install -q -e './clients/python[test]' -e '.[test]'
+	$(PY) -m pip install -q -c constraints.txt torch torchvision
+	$(PY) -m pip install -q -c constraints.txt -e './clients/python[test,images]' -e '.[test]'
 	touch $(STAMP)
 
 $(JS_STAMP): $(JS)/package.json $(JS)/package-lock.json

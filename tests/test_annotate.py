@@ -8,7 +8,6 @@ import pytest
 from stages.annotate import (
     BANNER_COLOR,
     TRACK_PALETTE,
-    Annotator,
     BoxAnnotator,
     HudAnnotator,
     MatteAnnotator,
@@ -159,8 +158,18 @@ def test_full_hd_two_persons_chain_draws() -> None:
     seg[100:1000, 100:700] = rng.integers(1, 29, (900, 600))
     seg[50:1050, 900:1500] = 22
     result = FrameResult(Frame(0, image, 0, None, 0), det, kp, seg=seg, latency_ms={"pose": 20.0}, random_weights=True)
-    chain: Annotator = compose_annotators(["seg", "boxes", "pose", "hud"])
-    out = chain(result)  # speed is measured by bench/bench_overhead.py, not asserted here
+    layers = ["seg", "boxes", "pose", "hud"]
+    out = compose_annotators(layers)(result)  # speed is measured by bench/bench_overhead.py, not asserted here
     assert out.shape == image.shape and out.dtype == np.uint8
-    assert not np.array_equal(out, image)
     assert np.array_equal(result.frame.image, image)  # the chain drew on a copy
+    # Every layer drew where it should: each one left out changes the picture there.
+    for layer, (ys, xs) in {"seg": (slice(500, 520), slice(1200, 1220)),  # inside person 2's class-22 area
+                            "boxes": (slice(100, 101), slice(300, 500)),  # person 1's top edge
+                            "hud": (slice(0, 20), slice(0, w))}.items():  # the random-weights banner
+        without = compose_annotators([x for x in layers if x != layer])(result)
+        assert not np.array_equal(out[ys, xs], without[ys, xs]), f"the {layer} layer drew nothing there"
+    without_pose = compose_annotators(["seg", "boxes", "hud"])(result)
+    changed = np.any(out != without_pose, axis=2)
+    x, y = kp.xy[0, 5].astype(int)
+    assert changed[y - 3:y + 4, x - 3:x + 4].any(), "no keypoint dot drawn at a keypoint"
+    assert not changed[1060:, 1700:].any(), "the skeleton drew outside both persons"

@@ -44,10 +44,13 @@ def test_first_sample_passes_through_and_repeated_time_holds() -> None:
 
 def test_non_finite_input_does_not_poison_state() -> None:
     filt = OneEuroFilter()
-    filt(np.array([1.0, 1.0]), 0.0)
-    out = filt(np.array([np.nan, 1.0]), 1 / FPS)
-    assert np.isfinite(out).all()
-    assert np.isfinite(filt(np.array([1.0, 1.0]), 2 / FPS)).all()
+    filt(np.array([1.0, 5.0]), 0.0)
+    held = filt(np.array([3.0, 7.0]), 1 / FPS)  # both coordinates move towards the new values
+    out = filt(np.array([np.nan, 9.0]), 2 / FPS)
+    assert out[0] == pytest.approx(held[0]), "a lost coordinate holds its last filtered value"
+    assert held[1] < out[1] < 9.0  # the finite one is filtered as usual
+    after = filt(np.array([3.0, 9.0]), 3 / FPS)
+    assert np.isfinite(after).all() and held[0] <= after[0] < 3.0  # and the held one goes on from where it was
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,242 @@
+"""The GPU path's logic, run on the CPU: CUDA graphs as Inductor does them, warm-up on the replaying
+stream, fullgraph compiles, detect_every under pipelining, float16 overflow where real models show
+it (the MLP) falling back to bfloat16, and a hardware-encoder probe that gives NVENC what it needs."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline.engine import FrameEngine
+from pipeline.runner import Runner
+from pipeline.stages_setup import Stages
+from stages.detector import carry_boxes
+from stages.sapiens2 import load_model
+from stages.sapiens2.estimators import ESTIMATORS, NonFiniteOutputError
+from stages.sapiens2.fastpath import FastPath, compile_captures_cuda_graphs
+from stages.sapiens2.model import Sapiens2
+from stages.sapiens2.tiny import make_tiny, random_init, tiny_config, write_checkpoint
+from stages.types import Detections, Frame, StreamInfo
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module")
+def pose_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny(tmp_path_factory.mktemp("pose"), "pose", image_size=(64, 48))
+
+
+# -- CUDA graphs, compile ------------------------------------------------------------------
+@pytest.mark.parametrize("mode, graphs", [("off", False), ("default", False), ("reduce-overhead", True),
+                                          ("max-autotune", True), ("max-autotune-no-cudagraphs", False)])
+def test_cuda_graphs_are_what_inductor_does(mode: str, graphs: bool) -> None:
+    assert compile_captures_cuda_graphs(mode) is graphs
+    assert FastPath(compile=mode).cuda_graphs is graphs
+
+
+def test_compile_is_fullgraph(pose_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[dict] = []
+    monkeypatch.setattr(torch, "compile", lambda model, **kw: (seen.append(kw), model)[1])
+    ESTIMATORS["pose"](load_model(pose_dir, device="cpu"), fastpath=FastPath(compile="default"))
+    assert seen and seen[0]["fullgraph"] is True and seen[0]["dynamic"] is False
+
+
+def test_warm_up_runs_each_stage_on_the_stream_that_replays_it(pose_dir: Path, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    seg = ESTIMATORS["seg"](load_model(make_tiny(tmp_path / "seg", "seg", image_size=(64, 48)), device="cpu"))
+    pose = ESTIMATORS["pose"](load_model(pose_dir, device="cpu"))
+    engine = FrameEngine(Stages(torch.device("cpu"), None, {"pose": pose, "seg": seg}))
+    current: list[str] = []
+
+    @contextlib.contextmanager
+    def stream(name: str):
+        current.append(name)
+        try:
+            yield
+        finally:
+            current.pop()
+
+    ran: dict[str, tuple[str | None, int]] = {}
+    monkeypatch.setattr(engine, "_stream", stream)
+    for task, est in (("pose", pose), ("seg", seg)):
+        monkeypatch.setattr(est, "warmup", lambda n, task=task: (ran.__setitem__(task, (current[-1] if current
+                                                                                          else None, n)), 1.0)[1])
+    assert engine.warm_up(max_persons=5, max_frames=3) == {"pose": 1.0, "seg": 1.0}
+    assert ran == {"pose": ("pose", 5), "seg": ("seg", 3)}  # each on its own stage's stream, with its batch sizes
+
+
+# -- detect_every under pipelining ---------------------------------------------------------
+class OrderedPeople:
+    """Three people, returned in a score order that changes every call (as a detector re-sorts)."""
+
+    random_weights = False
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def detect_batch(self, images: list[np.ndarray]) -> list[Detections]:
+        out = []
+        for _ in images:
+            boxes = np.array([[5, 5, 40, 60], [50, 10, 90, 70], [20, 30, 70, 95]], np.float32)
+            ids = np.array([11, 22, 33])
+            order = np.roll(np.arange(3), self.calls)  # a different order each run
+            self.calls += 1
+            out.append(Detections(boxes[order], np.array([0.9, 0.8, 0.7], np.float32), ids[order]))
+        return out
+
+
+class Frames:
+    """A source whose next frame is always waiting, then ends (no timing in the test)."""
+
+    frames_dropped = reopens = 0
+
+    def __init__(self, n: int) -> None:
+        rng = np.random.default_rng(0)
+        self.frames = [Frame(i, rng.integers(0, 255, (100, 120, 3), dtype=np.uint8), i, Fraction(1, 30),
+                             time.time_ns(), "cam") for i in range(n)]
+        self.info = StreamInfo("cam", 120, 100, 30.0, Fraction(1, 30), live=False)
+
+    def read(self, timeout: float):
+        from pipeline.sources import SourceEnded
+
+        if not self.frames:
+            raise SourceEnded("end")
+        return self.frames.pop(0)
+
+    def stop(self) -> None:
+        pass
+
+
+class Collect:
+    def __init__(self) -> None:
+        self.results = []
+
+    def open(self, info) -> None:
+        pass
+
+    def write(self, result) -> None:
+        self.results.append(result)
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("pipelined", [False, True])
+def test_detect_every_keeps_boxes_scores_and_ids_with_their_person(pose_dir: Path, pipelined: bool) -> None:
+    pose = ESTIMATORS["pose"](load_model(pose_dir, device="cpu"))
+    detector = OrderedPeople()
+    engine = FrameEngine(Stages(torch.device("cpu"), detector, {"pose": pose}), kpt_threshold=0.0, detect_every=3)
+    sink = Collect()
+    stats = Runner(Frames(9), engine, [sink], None, False, pipelined=pipelined).run()
+    assert stats.error is None, stats.error
+    results = sink.results
+    assert len(results) == 9 and detector.calls == 3  # the detector ran on frames 0, 3 and 6 only
+    for t, result in enumerate(results):
+        det = result.detections
+        if t % 3 == 0:
+            continue
+        before = results[t - 1]
+        # Carried from the frame before, person by person: the same ids and scores in the same rows,
+        # boxes made from that person's keypoints (not the previous frame's order of anybody else).
+        np.testing.assert_array_equal(det.track_ids, before.detections.track_ids)
+        np.testing.assert_array_equal(det.scores, before.detections.scores)
+        wh = torch.tensor([[120.0, 100.0]] * len(det))
+        want = carry_boxes(torch.from_numpy(before.keypoints.xy), torch.from_numpy(before.keypoints.scores), 0.0,
+                           wh, torch.from_numpy(before.detections.boxes))
+        np.testing.assert_allclose(det.boxes, want.numpy(), rtol=0, atol=1e-4)
+    np.testing.assert_array_equal(results[3].detections.track_ids, [33, 11, 22])  # a fresh detection re-sorts
+
+
+# -- float16: overflow in the MLP falls back to bfloat16 ----------------------------------------
+@pytest.fixture(scope="module")
+def hot_mlp_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny pose model whose middle MLP (w3) outputs values beyond the float16 range, as the
+    "massive activations" of large ViTs do; float32 and bfloat16 hold them."""
+    model = random_init(Sapiens2(tiny_config("pose", image_size=(64, 48))), seed=5)
+    with torch.no_grad():
+        model.backbone.blocks[1].ffn.w3.weight.mul_(1e5)
+    return write_checkpoint(model, tmp_path_factory.mktemp("hot-mlp"))
+
+
+def _frame(i: int) -> Frame:
+    image = np.random.default_rng(i).integers(0, 255, (100, 120, 3), dtype=np.uint8)
+    return Frame(i, image, i, None, time.time_ns(), "cam")
+
+
+class TwoPeople:
+    random_weights = False
+
+    def detect_batch(self, images):
+        return [Detections(np.array([[10, 10, 60, 90], [50, 20, 110, 95]], np.float32), [0.9, 0.8], [0, 1])
+                for _ in images]
+
+
+def test_float16_mlp_overflow_falls_back_to_bfloat16_once(hot_mlp_dir: Path, caplog) -> None:
+    half = load_model(hot_mlp_dir, device="cpu", dtype="float16")
+    pixels = torch.randn(1, 3, 64, 48)
+    with torch.inference_mode():
+        hidden = half.backbone.blocks[1].ffn(half.backbone.blocks[1].ln2(torch.randn(1, 57, 64), torch.float16))
+    assert not torch.isfinite(hidden).all(), "the test model does not overflow float16 in the MLP"
+    full = load_model(hot_mlp_dir, device="cpu", dtype="float32")
+    with torch.inference_mode():
+        assert torch.isfinite(full(pixels)[0]).all()  # the overflow is float16's, not the model's
+    pose = ESTIMATORS["pose"](half)
+    engine = FrameEngine(Stages(torch.device("cpu"), TwoPeople(), {"pose": pose}))
+    with caplog.at_level(logging.WARNING, "pipeline.engine"):
+        first = engine.finish(engine.submit(_frame(0)), False)
+        second = engine.finish(engine.submit(_frame(1)), False)
+    assert pose.model.dtype == torch.bfloat16
+    for result in (first, second):
+        assert np.isfinite(result.keypoints.xy).all() and np.isfinite(result.keypoints.scores).all()
+    warnings = [r for r in caplog.records if "bfloat16" in r.getMessage()]
+    assert len(warnings) == 1  # said once
+    again = engine.finish(engine.submit(_frame(0)), False)  # frame 0 in bfloat16 from the start
+    np.testing.assert_allclose(first.keypoints.xy, again.keypoints.xy, atol=1e-3)
+
+
+def test_non_finite_outside_float16_stops_the_run(hot_mlp_dir: Path, tmp_path: Path) -> None:
+    model = random_init(Sapiens2(tiny_config("pose", image_size=(64, 48))), seed=1)
+    with torch.no_grad():
+        model.decode_head.predictor.weight.fill_(float("nan"))
+    folder = write_checkpoint(model, tmp_path / "nan")
+    pose = ESTIMATORS["pose"](load_model(folder, device="cpu", dtype="float32"))
+    engine = FrameEngine(Stages(torch.device("cpu"), TwoPeople(), {"pose": pose}))
+    with pytest.raises(NonFiniteOutputError, match="pose: the model produced non-finite values"):
+        engine.finish(engine.submit(_frame(0)), False)
+
+
+def test_pointmap_scale_is_checked(tmp_path: Path) -> None:
+    model = random_init(Sapiens2(tiny_config("pointmap", image_size=(128, 96))), seed=2)
+    with torch.no_grad():
+        model.decode_head.scale_final_layer[-1].bias.fill_(float("inf"))  # only the scale branch breaks
+    folder = write_checkpoint(model, tmp_path / "scale")
+    est = ESTIMATORS["pointmap"](load_model(folder, device="cpu", dtype="float32"))
+    _, checked = est.run(est.image_tensor(np.zeros((96, 128, 3), np.uint8)))
+    assert any(not torch.isfinite(t).all() for t in checked)
+    engine = FrameEngine(Stages(torch.device("cpu"), TwoPeople(), {"pointmap": est}))
+    with pytest.raises(NonFiniteOutputError, match="pointmap"):
+        engine.finish(engine.submit(_frame(0)), False)
+
+
+# -- the hardware encoder probe ------------------------------------------------------------
+def test_encoder_probe_sets_the_frame_rate_nvenc_needs(monkeypatch: pytest.MonkeyPatch) -> None:
+    import av
+
+    from sapiens2_client import video
+
+    opened: list[dict] = []
+
+    class Context:
+        def open(self) -> None:
+            opened.append(dict(vars(self)))
+
+    monkeypatch.setattr(av.CodecContext, "create", lambda name, mode: Context())
+    assert video.probe_encoder("h264_nvenc", 640, 480, Fraction(30000, 1001))
+    assert opened[0]["framerate"] == Fraction(30000, 1001) and opened[0]["time_base"] == Fraction(1001, 30000)
