@@ -15,7 +15,6 @@ import os
 import sys
 import threading
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import cv2
@@ -28,15 +27,15 @@ from stages.detector import check_detector_model
 from stages.smoothing import KeypointSmoother
 from stages.types import FrameResult
 
-from .config import ConfigError, RunConfig
+from .config import ConfigError, RunConfig, SourceSpec
 from .engine import FrameEngine
 from .runner import Runner
-from .sinks import Sink
+from .sinks import PerSource, Sink
 from .sinks.jsonl import KeypointWriter
 from .sinks.preview import PreviewWindow
 from .sinks.publisher import ZmqPublisher, curve_for
 from .sinks.recorder import RecorderError, VideoRecorder
-from .sources import Source, open_source
+from .sources import Source, SourceError, open_source
 from .stages_setup import Stages, build_stages, pick_device
 
 log = logging.getLogger("sapiens2_stream")
@@ -45,15 +44,17 @@ RECORD_SUFFIXES = (*FRAGMENTED, ".mkv")
 
 
 class Display:
-    """Progress bar with fps for files; one rewritten status line for live sources. While it shows,
-    log lines are printed above it instead of onto it."""
+    """Progress bar with fps when every source is a file; one rewritten status line otherwise. While
+    it shows, log lines are printed above it instead of onto it."""
 
-    def __init__(self, source: Source, enabled: bool, total: int | None) -> None:
-        self.source, self.enabled, self.live = source, enabled, source.info.live
+    def __init__(self, sources: list[Source], enabled: bool, total: int | None) -> None:
+        self.sources, self.enabled = sources, enabled
+        self.live = any(s.info.live for s in sources)
         self.bar = None
         self.last = 0.0
         self._handler: logging.Handler | None = None
         self._status_shown = False
+        self._persons: dict[str, int] = {}
         if enabled and not self.live:
             from tqdm import tqdm
 
@@ -70,6 +71,7 @@ class Display:
     def on_result(self, result: FrameResult) -> None:
         if not self.enabled:
             return
+        self._persons[result.frame.source_id] = len(result.detections)
         if self.bar is not None:
             self.bar.update(1)
             return
@@ -79,11 +81,14 @@ class Display:
             self._status(result)
 
     def _status(self, result: FrameResult | None) -> None:
-        lat = "" if result is None else " ".join(f"{k} {v:.0f}ms" for k, v in result.latency_ms.items())
-        persons = 0 if result is None else len(result.detections)
-        src = self.source
-        sys.stderr.write(f"\r[{src.health}] frame {src.frames_decoded} drops {src.frames_dropped} "
-                         f"reopens {src.reopens} persons {persons} {lat}\033[K")
+        lat = "" if result is None else " " + " ".join(f"{k} {v:.0f}ms" for k, v in result.latency_ms.items())
+        if len(self.sources) == 1:
+            src = self.sources[0]
+            text = (f"[{src.health}] frame {src.frames_decoded} drops {src.frames_dropped} reopens {src.reopens} "
+                    f"persons {self._persons.get(src.source_id, 0)}{lat}")
+        else:
+            text = " | ".join(f"{s.source_id} {s.health} {s.frames_decoded}f {s.frames_dropped}d" for s in self.sources)
+        sys.stderr.write(f"\r{text}\033[K")
         sys.stderr.flush()
         self._status_shown = True
 
@@ -161,16 +166,29 @@ def _read_only_mount(path: Path) -> bool:
         return False
 
 
-def preflight(cfg: RunConfig) -> None:
+def expand(path: str, source_id: str) -> str:
+    """An output path for one source: ``{source}`` becomes its id."""
+    return path.replace("{source}", source_id)
+
+
+def preflight(cfg: RunConfig, specs: list[SourceSpec] | None = None) -> None:
     """Everything that can be known wrong before a model loads; ConfigError (one line) if so."""
+    specs = specs if specs is not None else cfg.source_specs()
+    several = len(specs) > 1 or cfg.control is not None
+    ids = [s.id or "src" for s in specs]
     if cfg.record:
-        check_output_path(cfg.record, "record", RECORD_SUFFIXES)
+        if several and "{source}" not in cfg.record:
+            raise ConfigError(f"record: with several sources each needs a file: put {{source}} in the path, e.g. "
+                              f"{Path(cfg.record).with_name(Path(cfg.record).stem + '_{source}' + Path(cfg.record).suffix)}")
+        for sid in ids:
+            check_output_path(expand(cfg.record, sid), "record", RECORD_SUFFIXES)
     if cfg.save_keypoints:
-        check_output_path(cfg.save_keypoints, "save_keypoints")
-        try:
-            LineWriter(cfg.save_keypoints).check()
-        except JsonlError as exc:
-            raise ConfigError(str(exc)) from None
+        for sid in ids:
+            check_output_path(expand(cfg.save_keypoints, sid), "save_keypoints")
+            try:
+                LineWriter(expand(cfg.save_keypoints, sid)).check()
+            except JsonlError as exc:
+                raise ConfigError(str(exc)) from None
     if "matting" in cfg.tasks:
         matte_background(cfg.matte_background)
     if cfg.detector == "yolo" and "pose" in cfg.tasks and cfg.detector_model != RunConfig.detector_model:
@@ -185,8 +203,10 @@ def preflight(cfg: RunConfig) -> None:
                           f"`sapiens2-stream keys {cfg.curve_dir}`")
 
 
-def build_sinks(cfg: RunConfig, stop: threading.Event) -> list[Sink]:
-    """The run's sinks; the publisher is bound here (before models load), files are created later."""
+def build_sinks(cfg: RunConfig, stop: threading.Event, several: bool = False) -> list[Sink]:
+    """The run's sinks; the publisher is bound here (before models load), files are created later.
+    With ``{source}`` in a path each source gets a file of its own; one keypoint file for several
+    sources tags each line with its source."""
     sinks: list[Sink] = []
     endpoint = cfg.publish or cfg.publish_connect
     if endpoint:
@@ -196,28 +216,83 @@ def build_sinks(cfg: RunConfig, stop: threading.Event) -> list[Sink]:
         publisher.bind()
         sinks.append(publisher)
     if cfg.record:
-        sinks.append(VideoRecorder(cfg.record, codec=cfg.record_codec, fragment_s=cfg.record_fragment_s))
+        record, codec, fragment = cfg.record, cfg.record_codec, cfg.record_fragment_s
+        sinks.append(PerSource(lambda info: VideoRecorder(expand(record, info.source_id), codec=codec,
+                                                          fragment_s=fragment), uses_image=True))
     if cfg.save_keypoints:
-        sinks.append(KeypointWriter(cfg.save_keypoints))
+        if "{source}" in cfg.save_keypoints:
+            path = cfg.save_keypoints
+            sinks.append(PerSource(lambda info: KeypointWriter(expand(path, info.source_id))))
+        else:
+            sinks.append(KeypointWriter(cfg.save_keypoints, tag_source=several))
     if cfg.show:
-        sinks.append(PreviewWindow(stop))
+        sinks.append(PerSource(lambda info: PreviewWindow(stop), uses_image=True))
     return sinks
 
 
+def open_sources(cfg: RunConfig, specs: list[SourceSpec]) -> tuple[list[Source], dict[str, str]]:
+    """Open every source (in parallel: a slow camera does not hold the others up). Returns the ones
+    that opened and, for the others, why not; SourceError when none opened."""
+    results: dict[int, Source | SourceError] = {}
+
+    def open_one(i: int, spec: SourceSpec) -> None:
+        try:
+            results[i] = open_spec(cfg, spec)
+        except SourceError as exc:
+            results[i] = exc
+
+    threads = [threading.Thread(target=open_one, args=(i, spec), daemon=True) for i, spec in enumerate(specs)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    opened = [r for _, r in sorted(results.items()) if isinstance(r, Source)]
+    failed = {specs[i].id or specs[i].uri: str(r) for i, r in sorted(results.items()) if isinstance(r, SourceError)}
+    if not opened:
+        first = next(r for _, r in sorted(results.items()) if isinstance(r, SourceError))
+        if len(specs) == 1:
+            raise first
+        raise SourceError(f"none of the {len(specs)} sources opened; first: {first}")
+    for name, why in failed.items():
+        log.error("source %s did not open: %s; the other sources go on", name, why)
+    ids = [s.info.source_id for s in opened]
+    if len(set(ids)) != len(ids):
+        for source in opened:
+            source.stop()
+        raise ConfigError(f"two sources are both called {next(i for i in ids if ids.count(i) > 1)!r}; name them "
+                          "with NAME=SPEC")
+    return opened, failed
+
+
+def open_spec(cfg: RunConfig, spec: SourceSpec) -> Source:
+    """Open one source of the run with its own settings where it has them."""
+    realtime = cfg.realtime if spec.realtime is None else spec.realtime
+    stall = cfg.stall_timeout_s if spec.stall_timeout_s is None else float(spec.stall_timeout_s)
+    return open_source(spec.uri, realtime=realtime, stall_timeout_s=stall, source_id=spec.id)
+
+
 def run_pipeline(cfg: RunConfig, stop: threading.Event | None = None) -> int:
-    """Run until the source ends, max_frames, a stop request or an error. 0 on success."""
+    """Run until every source ended, max_frames, a stop request or an error. 0 on success; raises
+    (one line) when a source failed, after the others finished and every output was finalised."""
     stop = stop or threading.Event()
-    preflight(cfg)
+    specs = cfg.source_specs()
+    preflight(cfg, specs)
     device = pick_device(cfg.device)
-    sinks = build_sinks(cfg, stop)
-    source = None
-    try:  # until the runner owns them, a setup failure must close the source and sinks here
-        source = open_source(cfg.source, realtime=cfg.realtime, stall_timeout_s=cfg.stall_timeout_s,
-                             source_id=cfg.source_id)
+    several = len(specs) > 1 or cfg.control is not None
+    sinks = build_sinks(cfg, stop, several)
+    sources: list[Source] = []
+    control = None
+    try:  # until the runner owns them, a setup failure must close the sources and sinks here
+        sources, failed_at_start = open_sources(cfg, specs)
         stages = build_stages(cfg, device)
-        runner, display = assemble(cfg, source, stages, sinks, stop)
+        runner, display = assemble(cfg, sources, stages, sinks, stop, max_frames_per_step=len(specs))
+        if cfg.control is not None:
+            from .net.control import ControlServer
+
+            control = ControlServer(cfg.control, runner, lambda spec: open_spec(cfg, spec))
+            runner.keep_alive = True
     except BaseException:
-        if source is not None:
+        for source in sources:
             source.stop()
         for sink in sinks:
             sink.close()
@@ -225,37 +300,68 @@ def run_pipeline(cfg: RunConfig, stop: threading.Event | None = None) -> int:
     try:
         stats = runner.run()
     finally:
+        if control is not None:
+            control.close()
         display.close()
     if stats.error is not None:
         raise stats.error
-    p95 = float(np.percentile(stats.latency_ms, 95)) if stats.latency_ms else 0.0
-    errors = f", {source.decode_errors} corrupt packets skipped" if source.decode_errors else ""
-    log.info("done: %d frames, %.1f fps, capture-to-output p95 %.0f ms, %d dropped%s%s", stats.frames, stats.fps,
-             p95, source.frames_dropped, errors, " (RANDOM WEIGHTS)" if stages.random_weights else "")
-    for sink in sinks:
+    _summary(stats, sources, stages.random_weights)
+    for sink in _flatten(sinks):
         if isinstance(sink, VideoRecorder) and sink.frames_written:
             log.info("wrote %s (%d frames)", sink.path, sink.frames_written)
         elif isinstance(sink, KeypointWriter) and sink.lines_written:
             log.info("wrote %s (%d lines)", sink.path, sink.lines_written)
+    failed = {**failed_at_start, **stats.failed}
+    if failed:
+        names = ", ".join(f"{name} ({why})" for name, why in failed.items())
+        raise SourceError(f"{len(failed)} of {len(specs)} sources failed: {names}")
     return 0
 
 
-def assemble(cfg: RunConfig, source: Source, stages: Stages, sinks: list[Sink],
-             stop: threading.Event) -> tuple[Runner, Display]:
-    """Annotation, engine and display around an opened source, loaded stages and built sinks."""
+def _flatten(sinks: list[Sink]) -> list[Sink]:
+    out: list[Sink] = []
+    for sink in sinks:
+        out.extend(sink.sinks.values() if isinstance(sink, PerSource) else [sink])
+    return out
+
+
+def _summary(stats, sources: list[Source], random_weights: bool) -> None:
+    label = " (RANDOM WEIGHTS)" if random_weights else ""
+    p95 = float(np.percentile(stats.latency_ms, 95)) if stats.latency_ms else 0.0
+    if len(stats.per_source) <= 1 and len(sources) == 1:
+        source = sources[0]
+        errors = f", {source.decode_errors} corrupt packets skipped" if source.decode_errors else ""
+        log.info("done: %d frames, %.1f fps, capture-to-output p95 %.0f ms, %d dropped%s%s", stats.frames, stats.fps,
+                 p95, source.frames_dropped, errors, label)
+        return
+    by_id = {s.source_id: s for s in sources}
+    mean_batch = float(np.mean(stats.batch_sizes)) if stats.batch_sizes else 0.0
+    log.info("done: %d frames from %d sources in %d batched steps (%.2f frames per step), %.1f fps in all%s",
+             stats.frames, len(stats.per_source), stats.steps, mean_batch, stats.fps, label)
+    for sid, per in sorted(stats.per_source.items()):
+        f = per.summary()
+        source = by_id.get(sid)
+        extra = "" if source is None else f", {source.frames_dropped} dropped, {source.reopens} reopens"
+        log.info("  %s: %d frames, %.1f fps, capture-to-output p50 %.0f ms, p95 %.0f ms%s", sid, f["frames"], f["fps"],
+                 f["p50_ms"], f["p95_ms"], extra)
+
+
+def assemble(cfg: RunConfig, sources: Source | list[Source], stages: Stages, sinks: list[Sink],
+             stop: threading.Event, max_frames_per_step: int = 1) -> tuple[Runner, Display]:
+    """Annotation, engine and display around opened sources, loaded stages and built sinks."""
+    sources = sources if isinstance(sources, list) else [sources]
     for note in stages.notes:
         log.warning(note)
-    info = source.info
     if stages.random_weights:
         log.warning("RANDOM WEIGHTS in use: outputs are meaningless (tests and offline demo only)")
-        info = replace(info, random_weights=True)
+        for source in sources:
+            source.mark_random_weights()
     publisher = next((s for s in sinks if isinstance(s, ZmqPublisher)), None)
-    always_image = any(isinstance(s, VideoRecorder | PreviewWindow) for s in sinks)
+    always_image = any(getattr(s, "uses_image", False) for s in sinks)  # recordings, previews
     annotator = compose_annotators(_annotation_layers(cfg)) if always_image or publisher is not None else None
-    frame_topic = f"frame.{info.source_id}"
 
-    def wants_image() -> bool:  # a frame nobody records, shows or subscribes to is not drawn
-        return always_image or (publisher is not None and publisher.subscribed(frame_topic))
+    def wants_image(result: FrameResult) -> bool:  # a frame nobody records, shows or subscribes to is not drawn
+        return always_image or (publisher is not None and publisher.subscribed(f"frame.{result.frame.source_id}"))
 
     smoother = KeypointSmoother(cfg.smooth_min_cutoff, cfg.smooth_beta) if cfg.smooth else None
     engine = FrameEngine(stages, cfg.kpt_threshold, cfg.detect_every, smoother, pinned=cfg.pinned_memory,
@@ -263,23 +369,25 @@ def assemble(cfg: RunConfig, source: Source, stages: Stages, sinks: list[Sink],
     if cfg.compile != "off" or stages.device.type == "cuda":
         # Every input shape once before the first frame, each stage on the stream that runs it:
         # compiles, CUDA-graph recording and cuDNN autotuning happen here, not mid-stream.
-        seconds = engine.warm_up(cfg.max_persons)
+        seconds = engine.warm_up(cfg.max_persons * max(1, max_frames_per_step), max(1, max_frames_per_step))
         stages.warmup_s = seconds
         log.info("%s %.1f s (%s)", "compile warm-up" if cfg.compile != "off" else "warm-up", sum(seconds.values()),
                  ", ".join(f"{t} {s:.1f} s" for t, s in seconds.items()))
-    display = Display(source, cfg.progress, cfg.max_frames or source.frame_count)
-
-    def on_result(result: FrameResult) -> None:
-        display.on_result(result)
+    counts = [s.frame_count for s in sources]
+    total = None if any(c is None for c in counts) else sum(min(c, cfg.max_frames or c) for c in counts)
+    display = Display(sources, cfg.progress, total)
 
     def on_event(record: dict) -> None:
         details = ", ".join(f"{k} {v}" for k, v in record.items() if k not in ("event", "source_id", "time_ns"))
         log.warning("source %s: %s (%s)", record["source_id"], record["event"], details)
 
-    log.info("source %s (%dx%d, %s) -> tasks %s on %s", info.source_id, info.width, info.height,
-             "live" if info.live else "file", ",".join(cfg.tasks), stages.device)
-    runner = Runner(source, engine, sinks, annotator, stages.random_weights, cfg.max_frames, on_result,
-                    display.on_idle, stop, info, wants_image=wants_image, on_event=on_event)
+    for source in sources:
+        info = source.info
+        log.info("source %s (%dx%d, %s) -> tasks %s on %s", info.source_id, info.width, info.height,
+                 "live" if info.live else "file", ",".join(cfg.tasks), stages.device)
+    runner = Runner(sources, engine, sinks, annotator, stages.random_weights, cfg.max_frames, display.on_result,
+                    display.on_idle, stop, wants_image=wants_image, on_event=on_event,
+                    batch_timeout_s=cfg.batch_timeout_s)
     return runner, display
 
 

@@ -18,7 +18,7 @@ import threading
 import typing
 from typing import Any
 
-SUBCOMMANDS = ("run", "weights", "subscribe", "keys", "broker")
+SUBCOMMANDS = ("run", "weights", "subscribe", "keys", "broker", "control")
 log = logging.getLogger("sapiens2_stream")
 
 
@@ -60,7 +60,7 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
                 kwargs["choices"] = meta["choices"]
             else:
                 kwargs["metavar"] = meta.get("metavar") or flag[2:].replace("-", "_").upper()
-            if typing.get_origin(hint) is dict:
+            if typing.get_origin(hint) is dict or meta.get("split") is False:
                 kwargs["action"] = "append"
         p.add_argument(flag, **kwargs)
 

@@ -9,6 +9,7 @@ flag cannot drift apart. Unknown keys and values of the wrong type fail with
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from collections.abc import Callable
@@ -34,14 +35,17 @@ AUTO_KEYS = ("channels_last",)  # bool-or-null keys where "auto" (or null) means
 
 def option(default: Any = dataclasses.MISSING, help: str = "", *, flag: str | None = None,
            choices: typing.Sequence[str] | None = None, parse: Callable[[str], Any] | None = None,
-           metavar: str | None = None, cli: bool = True, factory: Callable[[], Any] | None = None) -> Any:
+           metavar: str | None = None, cli: bool = True, factory: Callable[[], Any] | None = None,
+           split: bool = True) -> Any:
     """A RunConfig field with what its command-line flag needs.
 
     flag: the flag's name without dashes (default: the key with ``-`` for ``_``); parse: turns the
     flag's text into the value (repeatable flags are collected by the field's type); cli=False:
-    YAML only.
+    YAML only; split=False: a list whose items may hold commas (a string is one item), and whose
+    flag is repeatable.
     """
-    meta = {"help": help, "flag": flag, "choices": choices, "parse": parse, "metavar": metavar, "cli": cli}
+    meta = {"help": help, "flag": flag, "choices": choices, "parse": parse, "metavar": metavar, "cli": cli,
+            "split": split}
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
@@ -74,14 +78,24 @@ def parse_auto_bool(text: str) -> bool | str:
 
 @dataclass
 class RunConfig:
-    # source
-    source: str = option("webcam", "webcam, webcam:N, /dev/videoN, a video file, rtsp/http/udp URL, image, "
-                                   "folder, glob, demo")
-    source_id: str | None = option(None, "name of this stream in topics and files (default from the source)")
+    # sources
+    source: list[str] = option(help="repeatable, each [NAME=]SPEC: webcam, webcam:N, /dev/videoN, a video file, "
+                                    "rtsp/http/udp URL, image, folder, glob, demo (several: one batch through "
+                                    "the same models; unnamed ones are cam0, cam1, ...)",
+                               factory=list, metavar="[NAME=]SPEC", split=False)
+    sources: list[dict] = option(help="YAML: a list of {id, uri, realtime, stall_timeout_s}, one per source",
+                                 factory=list, cli=False)
+    source_id: str | None = option(None, "name of the stream in topics and files (one source; default from the "
+                                         "source)")
     realtime: bool = option(False, "pace a file at its own frame rate (live policy: newest frame wins)")
     stall_timeout_s: float = option(5.0, "seconds without frames before a live source is reopened",
                                     flag="stall-timeout")
-    max_frames: int | None = option(None, "stop after this many frames")
+    max_frames: int | None = option(None, "stop after this many frames (of each source)")
+    batch_timeout_s: float = option(0.01, "with several sources: how long a step waits for the others after the "
+                                          "first frame arrived (a late source's slot stays empty)",
+                                    flag="batch-timeout")
+    control: str | None = option(None, "serve add/remove/list of sources on this ZeroMQ endpoint while running, "
+                                       "e.g. tcp://127.0.0.1:5560 (see `sapiens2-stream control`)")
     # models
     tasks: list[str] = option(help=f"comma list of {','.join(TASKS)}", factory=lambda: ["pose", "seg"])
     model_size: str = option("0.4b", "Sapiens2 size of the hub checkpoints", choices=["0.4b", "0.8b", "1b", "5b"])
@@ -174,7 +188,7 @@ class RunConfig:
         for key in ("det_conf", "det_iou", "kpt_threshold"):
             if not 0.0 <= getattr(self, key) <= 1.0:
                 raise ConfigError(f"{key}: must be within 0..1, got {getattr(self, key)}")
-        for key in ("stall_timeout_s", "smooth_min_cutoff", "record_fragment_s"):
+        for key in ("stall_timeout_s", "smooth_min_cutoff", "record_fragment_s", "batch_timeout_s"):
             if not getattr(self, key) > 0:
                 raise ConfigError(f"{key}: must be positive, got {getattr(self, key)}")
         if self.smooth_beta < 0:
@@ -188,6 +202,7 @@ class RunConfig:
         if unknown_layers:
             raise ConfigError(f"annotate: unknown layer {unknown_layers[0]!r}; choose from "
                               f"{', '.join(ANNOTATION_LAYERS)}")
+        self.source_specs()  # names, duplicates, unknown keys
         if self.source_id is not None:
             try:
                 check_source_id(self.source_id)
@@ -195,13 +210,89 @@ class RunConfig:
                 raise ConfigError(f"source_id: {exc}") from None
         if self.publish and self.publish_connect:
             raise ConfigError("publish and publish_connect: choose one (bind an endpoint, or connect to a broker)")
-        for key, bind in (("publish", True), ("publish_connect", False)):
+        for key, bind in (("publish", True), ("publish_connect", False), ("control", True)):
             if getattr(self, key):
                 try:
                     check_endpoint(getattr(self, key), bind=bind)
                 except ValueError as exc:
                     raise ConfigError(f"{key}: {exc}") from None
         return self
+
+
+    def source_specs(self) -> list[SourceSpec]:
+        """Every source of the run, named: ``sources`` entries, then ``source`` specs ([NAME=]SPEC).
+
+        Unnamed sources are cam0, cam1, ... when there are several; a single one keeps the name its
+        kind suggests (``demo``, the file's stem, ``cam0`` for webcam:0; or ``source_id``).
+        ConfigError naming the entry for an empty or repeated name or an unknown key."""
+        specs: list[SourceSpec] = []
+        for i, entry in enumerate(self.sources):
+            where = f"sources[{i}]"
+            if not isinstance(entry, dict):
+                raise ConfigError(f"{where}: expected a mapping with id and uri, got {entry!r}")
+            unknown = sorted(set(entry) - SOURCE_KEYS)
+            if unknown:
+                raise ConfigError(f"{where}: unknown key {unknown[0]!r}; a source takes {', '.join(sorted(SOURCE_KEYS))}")
+            if not isinstance(entry.get("uri"), str) or not entry["uri"].strip():
+                raise ConfigError(f"{where}: needs a uri (what --source takes)")
+            for key, kind in (("realtime", bool), ("stall_timeout_s", int | float)):
+                if key in entry and (isinstance(entry[key], bool) != (kind is bool) or not isinstance(entry[key], kind)):
+                    raise ConfigError(f"{where}: {key} must be {'true or false' if kind is bool else 'a number'}")
+            name = entry.get("id")
+            if name is not None and not isinstance(name, str):
+                raise ConfigError(f"{where}: id must be a string")
+            specs.append(SourceSpec(name, entry["uri"].strip(), entry.get("realtime"),
+                                    entry.get("stall_timeout_s"), where))
+        for i, text in enumerate(self.source):
+            name, uri = split_source(text, f"source[{i}]")
+            specs.append(SourceSpec(name, uri, None, None, f"--source {text!r}"))
+        if not specs:  # nothing named anywhere: the default camera
+            specs.append(SourceSpec(None, "webcam", None, None, "--source 'webcam' (the default)"))
+        if len(specs) > 1 and self.source_id is not None:
+            raise ConfigError("source_id: names one source; with several, name each as NAME=SPEC")
+        named = []
+        for i, spec in enumerate(specs):
+            name = spec.id if spec.id is not None else (f"cam{i}" if len(specs) > 1 else self.source_id)
+            where = "source_id" if spec.id is None and name is not None and len(specs) == 1 else spec.where
+            if name is not None:
+                if not name:
+                    raise ConfigError(f"{where}: the name is empty; write NAME=SPEC with a name")
+                try:
+                    check_source_id(name)
+                except ValueError as exc:
+                    raise ConfigError(f"{where}: {exc}") from None
+            named.append(dataclasses.replace(spec, id=name))
+        ids = [s.id for s in named if s.id is not None]
+        repeated = sorted({n for n in ids if ids.count(n) > 1})
+        if repeated:
+            raise ConfigError(f"source: the name {repeated[0]!r} is used twice; give each source its own")
+        return named
+
+
+SOURCE_KEYS = {"id", "uri", "realtime", "stall_timeout_s"}
+_NAME = re.compile(r"[A-Za-z0-9_\-:]*")
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    """One source of a run: its name (None: from the source itself), what to open, and its own
+    settings where they differ from the run's (None: the run's)."""
+
+    id: str | None
+    uri: str
+    realtime: bool | None = None
+    stall_timeout_s: float | None = None
+    where: str = "source"
+
+
+def split_source(text: str, where: str = "source") -> tuple[str | None, str]:
+    """``NAME=SPEC`` -> (NAME, SPEC); a SPEC alone (URLs with ``=`` in their query too) -> (None, SPEC)."""
+    name, sep, uri = text.partition("=")
+    if not sep or "://" in name or "/" in name or not _NAME.fullmatch(name) or Path(text).exists():
+        return None, text.strip()
+    if not uri.strip():
+        raise ConfigError(f"{where}: {text!r} names a source but gives nothing to open; write NAME=SPEC")
+    return name, uri.strip()
 
 
 FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
@@ -230,8 +321,9 @@ def _check_type(key: str, value: Any) -> Any:
         ok = isinstance(value, str)
     elif origin is list:
         if isinstance(value, str):
-            value = [v.strip() for v in value.split(",") if v.strip()]
-        item = typing.get_args(base)[0]
+            split = FIELDS[key].metadata.get("split", True)
+            value = [v.strip() for v in value.split(",") if v.strip()] if split else [value]
+        item = typing.get_origin(typing.get_args(base)[0]) or typing.get_args(base)[0]
         ok = isinstance(value, list) and all(isinstance(v, item) and not isinstance(v, bool) for v in value)
     elif origin is dict:
         ok = isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())

@@ -1,10 +1,18 @@
-"""The main loop: source -> engine (device work, one step in flight) -> sink thread (annotate, write).
+"""The main loop: sources -> engine (device work, one step in flight) -> sink thread (annotate, write).
 
-Threads: the source's decode thread, this loop, and one sink thread; they talk through bounded
-queues and share a stop event. Any failure stops everything with one error; sinks are always
-closed, so recordings and keypoint files are finalised, and a sink that fails to finalise (a full
-disk during the flush) makes that the run's error. Source events (stalled, reconnecting, resumed)
-travel to the sinks through the same queue as the frames, so they land between the right frames.
+A step takes at most one frame of each source (the newest of a live source, the next of a file),
+collected until every source has given one or ``batch_timeout_s`` passed since the first one
+arrived (so a slow or reconnecting source never holds the others back: its slot is just empty),
+and runs it through the engine as one batch. No source starves: each gets a slot in every step.
+
+Threads: each source's decode thread, this loop, and one sink thread; they talk through bounded
+queues and share a stop event. A source that ends is retired; one that fails for good is reported
+in one line and the others go on (``stats.failed``). Any other failure stops everything with one
+error; sinks are always closed, so recordings and keypoint files are finalised, and a sink that
+fails to finalise (a full disk during the flush) makes that the run's error. Source events
+(stalled, reconnecting, resumed) travel to the sinks through the same queue as the frames, so
+they land between the right frames. Sources can be added and removed while running
+(``add_source`` / ``remove_source``, thread-safe: the loop applies them between steps).
 """
 
 from __future__ import annotations
@@ -13,8 +21,11 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable
+
+import numpy as np
 
 from sapiens2_client.timing import RateMeter
 from stages.annotate import Annotator
@@ -27,12 +38,31 @@ from .sources import Source, SourceEnded, SourceError
 log = logging.getLogger(__name__)
 _SENTINEL = object()
 _JOIN_S = 30.0
+_POLL_S = 0.002  # how often the collector looks at the sources while it waits
+
+
+@dataclass
+class SourceStats:
+    """One source's figures for the final summary."""
+
+    rate: RateMeter = field(default_factory=RateMeter)
+    latency_ms: list[float] = field(default_factory=list)  # capture -> sinks written
+
+    def summary(self) -> dict[str, float]:
+        lat = self.latency_ms
+        return {"frames": self.rate.total, "fps": self.rate.overall,
+                "p50_ms": float(np.percentile(lat, 50)) if lat else 0.0,
+                "p95_ms": float(np.percentile(lat, 95)) if lat else 0.0}
 
 
 @dataclass
 class RunStats:
-    rate: RateMeter = field(default_factory=RateMeter)  # frames through the sinks
+    rate: RateMeter = field(default_factory=RateMeter)  # frames through the sinks, all sources
     latency_ms: list[float] = field(default_factory=list)  # capture -> sinks written
+    per_source: dict[str, SourceStats] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)  # source id -> why it failed for good
+    steps: int = 0
+    batch_sizes: list[int] = field(default_factory=list)  # frames per engine step
     error: BaseException | None = None
 
     @property
@@ -51,16 +81,23 @@ class SourceEvent:
     record: dict[str, Any]
 
 
+@dataclass(frozen=True)
+class SourceClosed:
+    """A source removed while running: its own sinks are finished after its last frame."""
+
+    source_id: str
+
+
 class SinkWorker(threading.Thread):
     """Annotates finished frames and hands them to every sink, off the device loop."""
 
     def __init__(self, sinks: list[Sink], annotator: Annotator | None, stop: threading.Event,
                  stats: RunStats, on_result: Callable[[FrameResult], None] | None,
-                 wants_image: Callable[[], bool] | None = None) -> None:
+                 wants_image: Callable[[FrameResult], bool] | None = None) -> None:
         super().__init__(name="sinks", daemon=True)
         self.inbox: queue.Queue = queue.Queue(maxsize=4)
         self.sinks, self.annotator, self.stop, self.stats, self.on_result = sinks, annotator, stop, stats, on_result
-        self.wants_image = wants_image or (lambda: True)
+        self.wants_image = wants_image or (lambda result: True)
 
     def run(self) -> None:
         try:
@@ -74,28 +111,34 @@ class SinkWorker(threading.Thread):
                 if item is _SENTINEL:
                     return
                 if isinstance(item, SourceEvent):
-                    self._event(item.record)
+                    self._call("event", item.record)
+                elif isinstance(item, SourceClosed):
+                    self._call("close_source", item.source_id)
                 else:
                     self._handle(item)
         except BaseException as exc:  # reported by the main loop as the run's one error
             self.stats.error = self.stats.error or exc
             self.stop.set()
 
-    def _event(self, record: dict[str, Any]) -> None:
+    def _call(self, method: str, arg: Any) -> None:
         for sink in self.sinks:
-            handler = getattr(sink, "event", None)
+            handler = getattr(sink, method, None)
             if handler is not None:
-                handler(record)
+                handler(arg)
 
     def _handle(self, result: FrameResult) -> None:
         t0 = time.perf_counter()
-        if self.annotator is not None and self.wants_image():
+        if self.annotator is not None and self.wants_image(result):
             result.annotated = self.annotator.annotate(result.frame.image.copy(), result)
         result.latency_ms["annotate"] = (time.perf_counter() - t0) * 1000.0
         for sink in self.sinks:
             sink.write(result)
+        latency = (time.time_ns() - result.frame.capture_ns) / 1e6
         self.stats.rate.tick()
-        self.stats.latency_ms.append((time.time_ns() - result.frame.capture_ns) / 1e6)
+        self.stats.latency_ms.append(latency)
+        per = self.stats.per_source.setdefault(result.frame.source_id, SourceStats())
+        per.rate.tick()
+        per.latency_ms.append(latency)
         if self.on_result is not None:
             self.on_result(result)
 
@@ -111,33 +154,54 @@ class SinkWorker(threading.Thread):
 
 
 class Runner:
-    def __init__(self, source: Source, engine: FrameEngine, sinks: list[Sink], annotator: Annotator | None,
-                 random_weights: bool, max_frames: int | None = None,
+    """Runs one or more sources through the engine into the sinks (see the module docstring).
+
+    max_frames: per source. pipelined: submit step t+1 before finishing step t (default: only for
+    an asynchronous, CUDA, engine). wants_image(result): whether the annotated picture of a frame
+    is used by some sink (not drawn otherwise).
+    """
+
+    def __init__(self, source: Source | Sequence[Source], engine: FrameEngine, sinks: list[Sink],
+                 annotator: Annotator | None, random_weights: bool, max_frames: int | None = None,
                  on_result: Callable[[FrameResult], None] | None = None,
                  on_idle: Callable[[Source], None] | None = None, stop: threading.Event | None = None,
                  info: StreamInfo | None = None, pipelined: bool | None = None,
-                 wants_image: Callable[[], bool] | None = None,
-                 on_event: Callable[[dict[str, Any]], None] | None = None) -> None:
-        self.source, self.engine, self.sinks, self.annotator = source, engine, sinks, annotator
+                 wants_image: Callable[[FrameResult], bool] | None = None,
+                 on_event: Callable[[dict[str, Any]], None] | None = None,
+                 batch_timeout_s: float = 0.01) -> None:
+        sources = list(source) if isinstance(source, list | tuple) else [source]
+        self.sources: dict[str, Source] = {self._id(s): s for s in sources}
+        self.engine, self.sinks, self.annotator = engine, sinks, annotator
         self.random_weights, self.max_frames = random_weights, max_frames
         self.on_result, self.on_idle, self.on_event = on_result, on_idle, on_event
         self.stop = stop or threading.Event()
-        self.info = info  # stream facts for the sinks (defaults to the source's)
-        # Pipelined: queue frame t+1 before collecting frame t, so the GPU never waits for the host.
+        self.infos = {self._id(s): (info if info is not None and len(sources) == 1 else s.info) for s in sources}
+        # Pipelined: queue step t+1 before collecting step t, so the GPU never waits for the host.
         # Only an asynchronous (CUDA) engine gains from it: on the CPU submit() computes the whole
-        # frame, and holding its result back would only add one frame of latency. None: decide so.
+        # step, and holding its results back would only add one step of latency. None: decide so.
         self.pipelined = bool(getattr(engine, "cuda", False)) if pipelined is None else pipelined
-        self.wants_image = wants_image  # annotate only when some sink will use the picture
+        self.wants_image = wants_image
+        self.batch_timeout_s = batch_timeout_s
         self.stats = RunStats()
+        self._submitted: dict[str, int] = {sid: 0 for sid in self.sources}
+        self._changes: queue.Queue = queue.Queue()  # (kind, payload, reply event, reply box) from other threads
+        self._single = len(sources) == 1  # a single-source run: that source failing is the run's error
+        self.keep_alive = False  # True: run on with no source left (sources come through add_source)
+        self._gone: dict[str, Source] = {}  # sources that ended, failed or were removed
 
+    @staticmethod
+    def _id(source: Source) -> str:
+        return source.info.source_id if getattr(source, "info", None) is not None else source.source_id
+
+    # -- running ----------------------------------------------------------------------------
     def run(self) -> RunStats:
-        """Process until the source ends, max_frames, stop() or an error; always closes everything."""
+        """Process until every source ended, stop() or an error; always closes everything."""
         worker = SinkWorker(self.sinks, self.annotator, self.stop, self.stats, self.on_result, self.wants_image)
         opened: list[Sink] = []
         try:
-            info = self.info or self.source.info
             for sink in self.sinks:
-                sink.open(info)
+                for info in self.infos.values():
+                    sink.open(info)
                 opened.append(sink)
             worker.start()
             self._loop(worker)
@@ -151,7 +215,9 @@ class Runner:
                 worker.join(_JOIN_S)
                 if worker.is_alive():
                     log.error("sinks did not finish within %.0f s; closing them anyway", _JOIN_S)
-            self.source.stop()
+            for source in self.sources.values():
+                source.stop()
+            self._answer_pending_changes()
             for sink in opened:
                 try:
                     sink.close()
@@ -160,37 +226,36 @@ class Runner:
                     self.stats.error = self.stats.error or exc
         return self.stats
 
-    def _forward_events(self, worker: SinkWorker) -> None:
-        for record in getattr(self.source, "poll_events", list)():
-            if self.on_event is not None:
-                self.on_event(record)
-            worker.put(SourceEvent(record))
-
     def _loop(self, worker: SinkWorker) -> None:
         in_flight = None
-        submitted = 0
         while not self.stop.is_set():
+            self._apply_changes(worker)
             self._forward_events(worker)
+            if not self.sources and in_flight is None and self._changes.empty():
+                if not self.keep_alive:
+                    break  # every source ended (or was removed)
+                self.stop.wait(0.05)  # a control endpoint may add sources: wait for them
+                continue
             try:
-                # With a frame in flight, only take a next frame that is already waiting: otherwise
-                # finish the in-flight one now instead of holding its results for a whole frame period.
-                frame = self.source.read(timeout=0.0 if in_flight is not None else 0.25)
-            except SourceEnded:
-                break
+                frames = self._collect(first_wait=0.0 if in_flight is not None else 0.25)
             except SourceError:
                 if in_flight is not None and self.stats.error is None:
                     self._finish(in_flight, worker)  # decoded before the source failed: keep it
                 raise
-            if frame is None:
+            if not frames:
                 if in_flight is not None:
                     if not self._finish(in_flight, worker):
                         return
                     in_flight = None
                 elif self.on_idle is not None:
-                    self.on_idle(self.source)
+                    for source in list(self.sources.values()):
+                        self.on_idle(source)
                 continue
-            pending = self.engine.submit(frame)
-            submitted += 1
+            pending = self.engine.submit_batch(frames)
+            self.stats.steps += 1
+            self.stats.batch_sizes.append(len(frames))
+            for frame in frames:
+                self._count_submitted(frame.source_id)
             if in_flight is not None and not self._finish(in_flight, worker):
                 return
             in_flight = pending
@@ -198,13 +263,146 @@ class Runner:
                 if not self._finish(in_flight, worker):
                     return
                 in_flight = None
-            if self.max_frames is not None and submitted >= self.max_frames:
-                break
         if in_flight is not None and self.stats.error is None:
-            self._finish(in_flight, worker)  # also on a stop request: the frame is already computed
+            self._finish(in_flight, worker)  # also on a stop request: the step is already computed
+
+    def _collect(self, first_wait: float) -> list:
+        """At most one frame per source: wait up to ``first_wait`` for the first, then until every
+        source gave one or ``batch_timeout_s`` passed."""
+        batch: dict[str, Any] = {}
+        start = time.monotonic()
+        first_at: float | None = None
+        while self.sources and not self.stop.is_set():
+            for sid, source in list(self.sources.items()):
+                if sid in batch:
+                    continue
+                frame = self._read(sid, source)
+                if frame is not None:
+                    batch[sid] = frame
+                    first_at = first_at if first_at is not None else time.monotonic()
+            now = time.monotonic()
+            if len(batch) >= len(self.sources):
+                break
+            if first_at is None and now - start >= first_wait:
+                break
+            if first_at is not None and now - first_at >= self.batch_timeout_s:
+                break
+            time.sleep(_POLL_S)
+        return list(batch.values())
+
+    def _read(self, sid: str, source: Source):
+        """The source's next frame, or None; retires a source that ended or failed for good (the
+        failure of a run's only source is the run's error)."""
+        try:
+            return source.read(timeout=0.0)
+        except SourceEnded:
+            self._retire(sid, None)
+        except SourceError as exc:
+            self._retire(sid, str(exc))
+            if self._single:
+                raise
+        return None
+
+    def _retire(self, sid: str, why: str | None) -> None:
+        source = self.sources.pop(sid, None)
+        if source is not None:
+            source.stop()
+            self._gone[sid] = source
+        if why is not None:
+            self.stats.failed[sid] = why
+            if not self._single:
+                log.error("source %s failed: %s; the other sources go on", sid, why)
+
+    def _count_submitted(self, sid: str) -> None:
+        self._submitted[sid] = self._submitted.get(sid, 0) + 1
+        if self.max_frames is not None and self._submitted[sid] >= self.max_frames and sid in self.sources:
+            self._retire(sid, None)
 
     def _finish(self, pending, worker: SinkWorker) -> bool:
-        result = self.engine.finish(pending, self.random_weights)
-        result.drops = {"source": self.source.frames_dropped, "reopens": self.source.reopens,
-                        "decode_errors": getattr(self.source, "decode_errors", 0)}
-        return worker.put(result)
+        for result in self.engine.finish_batch(pending, self.random_weights):
+            source = self._source_of(result.frame.source_id)
+            if source is not None:
+                result.drops = {"source": source.frames_dropped, "reopens": source.reopens,
+                                "decode_errors": getattr(source, "decode_errors", 0)}
+            if not worker.put(result):
+                return False
+        return True
+
+    def _source_of(self, sid: str) -> Source | None:
+        return self.sources.get(sid) or self._gone.get(sid)
+
+    def _forward_events(self, worker: SinkWorker) -> None:
+        for source in list(self.sources.values()):
+            for record in getattr(source, "poll_events", list)():
+                if self.on_event is not None:
+                    self.on_event(record)
+                worker.put(SourceEvent(record))
+
+    # -- sources added and removed while running ----------------------------------------------
+    def add_source(self, source: Source, timeout_s: float = 30.0) -> None:
+        """Add an opened source (from another thread); ValueError if its id is taken."""
+        self._change("add", source, timeout_s)
+
+    def remove_source(self, source_id: str, timeout_s: float = 30.0) -> None:
+        """Stop a source and finish its outputs (from another thread); KeyError if there is none."""
+        self._change("remove", source_id, timeout_s)
+
+    def _change(self, kind: str, payload: Any, timeout_s: float) -> None:
+        if self.stop.is_set():
+            raise RuntimeError("the pipeline is stopping")
+        done, box = threading.Event(), {}
+        self._changes.put((kind, payload, done, box))
+        if not done.wait(timeout_s):
+            raise TimeoutError(f"the pipeline did not {kind} the source within {timeout_s:.0f} s")
+        if "error" in box:
+            raise box["error"]
+
+    def _apply_changes(self, worker: SinkWorker) -> None:
+        while True:
+            try:
+                kind, payload, done, box = self._changes.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                if kind == "add":
+                    sid = self._id(payload)
+                    if sid in self.sources:
+                        raise ValueError(f"a source named {sid!r} is running already")
+                    info = payload.info
+                    for sink in self.sinks:
+                        sink.open(info)
+                    self.infos[sid] = info
+                    self.sources[sid] = payload
+                    self._submitted[sid] = 0
+                else:
+                    if payload not in self.sources:
+                        raise KeyError(f"no running source named {payload!r}")
+                    self._retire(payload, None)
+                    self.engine.sources.pop(payload, None)
+                    worker.put(SourceClosed(payload))
+            except (ValueError, KeyError) as exc:
+                box["error"] = exc
+            finally:
+                done.set()
+
+    def _answer_pending_changes(self) -> None:
+        while True:
+            try:
+                kind, payload, done, box = self._changes.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "add":
+                payload.stop()
+            box["error"] = RuntimeError("the pipeline stopped")
+            done.set()
+
+    def describe(self) -> list[dict[str, Any]]:
+        """The running sources with their health and figures (for the control endpoint)."""
+        out = []
+        for sid, source in list(self.sources.items()):
+            per = self.stats.per_source.get(sid, SourceStats())
+            info = self.infos.get(sid)
+            out.append({"id": sid, "health": source.health, "live": bool(info and info.live),
+                        "width": info.width if info else None, "height": info.height if info else None,
+                        "frames": per.rate.total, "dropped": source.frames_dropped, "reopens": source.reopens})
+        return out

@@ -290,6 +290,12 @@ class SlowEngine:
         kpts = Keypoints(np.zeros((1, NUM_KEYPOINTS, 2), np.float32), np.zeros((1, NUM_KEYPOINTS), np.float32))
         return FrameResult(frame=frame, detections=det, keypoints=kpts, random_weights=random_weights)
 
+    def submit_batch(self, frames: list[Frame]) -> list:  # the FrameEngine interface the runner uses
+        return [self.submit(frame) for frame in frames]
+
+    def finish_batch(self, pending: list, random_weights: bool) -> list[FrameResult]:
+        return [self.finish(p, random_weights) for p in pending]
+
 
 class CollectingSink:
     def __init__(self) -> None:
@@ -371,6 +377,15 @@ class TimedEngine:
     def finish(self, pending, random_weights: bool) -> FrameResult:
         return self.engine.finish(pending, random_weights)
 
+    def submit_batch(self, frames: list[Frame]):
+        start = time.perf_counter()
+        pending = self.engine.submit_batch(frames)
+        self.submit_s.append(time.perf_counter() - start)
+        return pending
+
+    def finish_batch(self, pending, random_weights: bool) -> list[FrameResult]:
+        return self.engine.finish_batch(pending, random_weights)
+
 
 def test_live_source_real_engine_tiny_pose(tiny: Path, cli_env: dict[str, str], monkeypatch) -> None:
     for key in ("SAPIENS2_STREAM_CACHE", "HF_HUB_OFFLINE", "HF_HOME", "HF_HUB_CACHE"):
@@ -397,7 +412,7 @@ def test_live_source_real_engine_tiny_pose(tiny: Path, cli_env: dict[str, str], 
 # -- 6. config -------------------------------------------------------------------------------
 def test_cli_overrides_beat_yaml() -> None:
     cfg = load_config(CONFIGS / "tiny.yaml", {"max_frames": 3, "tasks": ["pose"], "source": "clip.mp4"})
-    assert (cfg.max_frames, cfg.tasks, cfg.source) == (3, ["pose"], "clip.mp4")
+    assert (cfg.max_frames, cfg.tasks, cfg.source) == (3, ["pose"], ["clip.mp4"])
     assert cfg.detector == "full-frame" and cfg.fallback_tiny and cfg.device == "cpu"  # the YAML's, kept
     args = build_parser().parse_args(["run", "--config", str(CONFIGS / "tiny.yaml"), "--max-frames", "5",
                                       "--tasks", "pose,seg", "--no-progress", "--pose-input", "256x192",
@@ -405,7 +420,7 @@ def test_cli_overrides_beat_yaml() -> None:
     cfg = load_config(args.config, overrides_from(args))
     assert cfg.max_frames == 5 and cfg.tasks == ["pose", "seg"] and cfg.progress is False
     assert cfg.pose_input == [256, 192] and cfg.checkpoints == {"pose": "/x"}
-    assert cfg.source == "demo"  # not given on the command line: the YAML's value
+    assert cfg.source == ["demo"]  # not given on the command line: the YAML's value
     unset = overrides_from(build_parser().parse_args(["run", "--config", "x.yaml"]))
     assert unset == {}  # flags left out override nothing
 
@@ -414,7 +429,7 @@ def test_cli_overrides_beat_yaml() -> None:
                                           ("demo", "demo")])
 def test_shipped_configs_parse(name: str, source: str) -> None:
     cfg = load_config(CONFIGS / f"{name}.yaml")
-    assert cfg.source == source
+    assert cfg.source == [source]
     assert cfg.tasks and all(isinstance(t, str) for t in cfg.tasks)
 
 

@@ -52,8 +52,10 @@ def test_a_flag_sets_its_key(name: str) -> None:
         text, want = "pose,hud", ["pose", "hud"]
     elif name == "det_imgsz":
         text, want = "320", 320
-    elif name in ("publish", "publish_connect"):
+    elif name in ("publish", "publish_connect", "control"):
         text, want = "tcp://127.0.0.1:5599", "tcp://127.0.0.1:5599"
+    elif name == "source":
+        text, want = "lobby=demo", ["lobby=demo"]
     elif name == "source_id":
         text, want = "cam-7", "cam-7"
     elif base in SAMPLES:

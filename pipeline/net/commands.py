@@ -1,5 +1,5 @@
-"""CLI commands for the network side: ``subscribe``, ``keys`` (the client package's, one implementation)
-and ``broker``.
+"""CLI commands for the network side: ``subscribe``, ``keys`` (the client package's, one implementation),
+``broker`` and ``control`` (sources of a running pipeline).
 
 ``add_net_commands(subparsers)`` registers them on the main CLI's subparsers; every handler
 is ``func(args) -> int`` and reports a failure as one ``error: ...`` line.
@@ -9,11 +9,14 @@ is ``func(args) -> int`` and reports a failure as one ``error: ...`` line.
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 import sys
 import threading
 from collections.abc import Sequence
 from typing import Any
+
+import zmq
 
 from sapiens2_client import wire
 from sapiens2_client.cli import add_keys_command, add_subscribe_command
@@ -33,6 +36,19 @@ def add_net_commands(subparsers: argparse._SubParsersAction) -> None:
                                        "pipelines and subscribers are clients listed in authorized/")
     b.set_defaults(func=cmd_broker)
 
+    c = subparsers.add_parser("control", help="add, remove or list the sources of a running pipeline (--control)")
+    c.add_argument("--endpoint", default="tcp://127.0.0.1:5560", help="the pipeline's --control endpoint")
+    c.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the reply")
+    csub = c.add_subparsers(dest="action", required=True)
+    csub.add_parser("list", help="the running sources")
+    add = csub.add_parser("add", help="open a source and batch it in")
+    add.add_argument("source", metavar="[NAME=]SPEC")
+    add.add_argument("--realtime", action=argparse.BooleanOptionalAction, default=None,
+                     help="pace a file at its frame rate (default: as the pipeline's other sources)")
+    rm = csub.add_parser("remove", help="stop a source and finish its outputs")
+    rm.add_argument("id")
+    c.set_defaults(func=cmd_control)
+
 
 def cmd_broker(args: argparse.Namespace) -> int:
     try:
@@ -50,6 +66,32 @@ def cmd_broker(args: argparse.Namespace) -> int:
             pass
     finally:
         broker.stop()
+    return 0
+
+
+def cmd_control(args: argparse.Namespace) -> int:
+    from .control import request
+
+    message: dict[str, Any] = {"cmd": args.action}
+    if args.action == "add":
+        message["source"] = args.source
+        if args.realtime is not None:
+            message["realtime"] = args.realtime
+    elif args.action == "remove":
+        message["id"] = args.id
+    try:
+        reply = request(args.endpoint, message, args.timeout)
+    except (TimeoutError, ValueError, zmq.ZMQError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    if not reply.get("ok"):
+        print(f"error: {reply.get('error', 'the pipeline refused the request')}", file=sys.stderr)
+        return 1
+    if args.action == "list":
+        for source in reply["sources"]:
+            print(json.dumps(source))
+    else:
+        print(json.dumps(reply))
     return 0
 
 

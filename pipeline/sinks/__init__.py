@@ -1,15 +1,21 @@
 """The sink interface: where finished frames go (recorder, JSONL, ZeroMQ, preview).
 
-A sink is opened once with the stream's facts, receives every finished FrameResult in
-order from one thread, and is always closed (in a ``finally``), even after an error,
-so that recordings and files are finalised.
+A sink is opened once per source with that stream's facts, receives every finished FrameResult
+in order from one thread, and is always closed (in a ``finally``), even after an error, so that
+recordings and files are finalised. Optional: ``event(record)`` (a source's health changed) and
+``close_source(source_id)`` (a source was removed while running). ``PerSource`` gives each source
+a sink of its own (one recording per camera).
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+import logging
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from stages.types import FrameResult, StreamInfo
+
+log = logging.getLogger(__name__)
 
 
 class Sink(Protocol):
@@ -18,3 +24,46 @@ class Sink(Protocol):
     def write(self, result: FrameResult) -> None: ...
 
     def close(self) -> None: ...
+
+
+class PerSource:
+    """A sink of its own for each source, made by ``factory(info)`` when the source opens (one
+    recording per camera); frames, events and closing go to the sink of their source."""
+
+    def __init__(self, factory: Callable[[StreamInfo], Sink], uses_image: bool = False) -> None:
+        self.factory = factory
+        self.uses_image = uses_image  # its sinks need the annotated picture (recordings, previews)
+        self.sinks: dict[str, Sink] = {}
+
+    def open(self, info: StreamInfo) -> None:
+        sink = self.factory(info)
+        sink.open(info)
+        self.sinks[info.source_id] = sink
+
+    def write(self, result: FrameResult) -> None:
+        self.sinks[result.frame.source_id].write(result)
+
+    def event(self, record: dict[str, Any]) -> None:
+        handler = getattr(self.sinks.get(str(record.get("source_id"))), "event", None)
+        if handler is not None:
+            handler(record)
+
+    def close_source(self, source_id: str) -> None:
+        """Finish one source's sink (the source was removed); errors are logged, not raised."""
+        sink = self.sinks.pop(source_id, None)
+        if sink is not None:
+            try:
+                sink.close()
+            except Exception as exc:  # the others run on; the error is in the log
+                log.error("closing the output of %s failed: %s", source_id, exc)
+
+    def close(self) -> None:
+        """Close every source's sink; the first failure is raised after all were tried."""
+        error: Exception | None = None
+        for sink in self.sinks.values():
+            try:
+                sink.close()
+            except Exception as exc:
+                error = error or exc
+        if error is not None:
+            raise error

@@ -30,27 +30,34 @@ def result_to_record(result: FrameResult, random_weights: bool = False) -> dict[
 class KeypointWriter:
     """Sink writing one JSON line per frame to ``path``; ``close`` is idempotent."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, tag_source: bool = False) -> None:
         self.path = Path(path)
         self._lines = LineWriter(self.path)
         self._random_weights = False
+        self.tag_source = tag_source  # one file for several sources: each line says whose it is
 
     @property
     def lines_written(self) -> int:
         return self._lines.lines_written
 
     def open(self, info: StreamInfo) -> None:
-        """Check that the file can be created; it is created (or truncated) by the first frame."""
-        self._random_weights = info.random_weights
+        """Check that the file can be created; it is created (or truncated) by the first frame.
+        Opened once per source when it serves several."""
+        self._random_weights = self._random_weights or info.random_weights
         self._lines.check()
 
     def write(self, result: FrameResult) -> None:
         """Append one whole line for ``result``."""
-        self._lines.write(result_to_record(result, self._random_weights))
+        record = result_to_record(result, self._random_weights)
+        if self.tag_source:
+            record = {"source": result.frame.source_id, **record}
+        self._lines.write(record)
 
     def event(self, record: dict[str, Any]) -> None:
         """Append an event line (``{"event": ..., "time_ns": ...}``) between frames."""
-        self._lines.write(record)
+        record = dict(record)
+        source = record.pop("source_id", None)
+        self._lines.write({"source": source, **record} if self.tag_source else record)
 
     def close(self) -> None:
         """Close; safe to call repeatedly and after errors."""

@@ -24,6 +24,7 @@ import re
 import threading
 import time
 from collections import deque
+from dataclasses import replace
 from fractions import Fraction
 from pathlib import Path
 from types import TracebackType
@@ -138,6 +139,10 @@ class Source:
         """Packets that did not decode and were skipped, over all sessions."""
         reader = self._reader
         return self._errors_before + int(getattr(reader, "decode_errors", 0) or 0)
+
+    def mark_random_weights(self) -> None:
+        """Say in the stream's facts that its results come from random weights (sinks label them)."""
+        self._info = replace(self.info, random_weights=True)
 
     def poll_events(self) -> list[dict[str, Any]]:
         """Health changes since the last call, oldest first: ``{"event", "source_id", "time_ns", ...}``."""

@@ -1,0 +1,199 @@
+"""Many sources, one process: throughput and latency of N sources batched through one engine, against
+the same N sources in N separate processes (each loading its own models), on this machine.
+
+    .venv/bin/python bench/bench_multisource.py                      # tiny models, CPU
+    .venv/bin/python bench/bench_multisource.py --config medium      # bench_stages' medium size
+    .venv/bin/python bench/bench_multisource.py --device cuda --config 0.4b   # on a GPU
+
+Each source is a file-like stream of prepared frames (no decoding), one person per frame (a fixed
+box: the detector is not what is measured), pose + segmentation. Batched: one Runner over N sources
+(one detector batch, one seg forward over N frames, one pose forward over N persons per step).
+Separate: N processes, each one source, loaded and warmed up, then started together (throughput: all
+their frames over the span from the first start to the last end). Printed per N: frames per second in
+all, capture-to-result latency p50/p95, the ratio batched / separate and batched / (N x one source),
+and peak memory (RSS on the CPU, device memory on CUDA) of the one process vs the N.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pipeline.engine import FrameEngine  # noqa: E402
+from pipeline.runner import Runner  # noqa: E402
+from pipeline.stages_setup import Stages  # noqa: E402
+from stages.sapiens2 import load_model  # noqa: E402
+from stages.sapiens2.estimators import ESTIMATORS  # noqa: E402
+from stages.sapiens2.tiny import make_tiny  # noqa: E402
+from stages.types import Detections, Frame, StreamInfo  # noqa: E402
+
+SIZES = {"tiny": dict(hidden=64, layers=4, heads=4, image_size=(256, 192)),
+         "medium": dict(hidden=256, layers=8, heads=8, image_size=(512, 384))}
+H, W = 360, 480
+
+
+class OnePerson:
+    random_weights = True
+
+    def detect_batch(self, images: list[np.ndarray]) -> list[Detections]:
+        return [Detections(np.array([[W * 0.3, H * 0.1, W * 0.7, H * 0.95]], np.float32), [0.9], [-1])
+                for _ in images]
+
+
+class PreparedSource:
+    """A file-like source of ``n`` prepared frames (every frame, in order; no decode cost)."""
+
+    frames_dropped = reopens = decode_errors = 0
+    health = "ok"
+
+    def __init__(self, source_id: str, n: int, seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        self.images = [rng.integers(0, 255, (H, W, 3), dtype=np.uint8) for _ in range(4)]
+        self.source_id, self.n, self.next = source_id, n, 0
+        self.info = StreamInfo(source_id, W, H, 30.0, Fraction(1, 30), live=False)
+
+    def read(self, timeout: float) -> Frame:
+        from pipeline.sources import SourceEnded
+
+        if self.next >= self.n:
+            raise SourceEnded("end")
+        i, self.next = self.next, self.next + 1
+        return Frame(i, self.images[i % 4], i, Fraction(1, 30), time.time_ns(), self.source_id)
+
+    def stop(self) -> None:
+        pass
+
+
+class Latency:
+    def __init__(self) -> None:
+        self.ms: list[float] = []
+
+    def open(self, info) -> None:
+        pass
+
+    def write(self, result) -> None:
+        self.ms.append((time.time_ns() - result.frame.capture_ns) / 1e6)
+
+    def close(self) -> None:
+        pass
+
+
+def checkpoints(config: str, folder: Path) -> dict[str, Path]:
+    return {task: make_tiny(folder / f"{config}-{task}", task, **SIZES[config]) for task in ("pose", "seg")}
+
+
+def run_batched(n: int, frames: int, ckpts: dict[str, Path], device: torch.device, warmup: int,
+                ready=None) -> dict:
+    """N sources through one engine; ``ready()`` is called after the warm-up, before the measured run."""
+    estimators = {task: ESTIMATORS[task](load_model(path, device=device)) for task, path in ckpts.items()}
+    engine = FrameEngine(Stages(device, OnePerson(), estimators))
+    if device.type == "cuda":
+        engine.warm_up(max_persons=n, max_frames=n)
+    # warm-up run (allocations, kernels), then the measured one
+    Runner([PreparedSource(f"w{i}", warmup, i) for i in range(n)], engine, [], None, True).run()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    if ready is not None:
+        ready()
+    sink = Latency()
+    wall0, start = time.time(), time.perf_counter()
+    stats = Runner([PreparedSource(f"cam{i}", frames, i) for i in range(n)], engine, [sink], None, True).run()
+    elapsed = time.perf_counter() - start
+    if stats.error is not None:
+        raise stats.error
+    return {"fps": stats.frames / elapsed, "frames": stats.frames, "steps": stats.steps, "start": wall0,
+            "end": wall0 + elapsed, "p50_ms": float(np.percentile(sink.ms, 50)),
+            "p95_ms": float(np.percentile(sink.ms, 95)), "memory_mb": peak_memory_mb(device)}
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def run_separate(n: int, args: argparse.Namespace, folder: Path) -> dict:
+    """N processes of one source each, started together; each reports its own figures."""
+    command = [sys.executable, __file__, "--child", "--config", args.config, "--frames", str(args.frames),
+               "--device", args.device, "--warmup", str(args.warmup), "--threads", str(args.threads),
+               "--ckpt-dir", str(folder)]
+    procs = [subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for _ in range(n)]
+    for p in procs:  # every process has loaded its models and warmed up ...
+        assert p.stdout.readline().strip() == "ready"
+    for p in procs:  # ... then all start together
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    reports = [json.loads(p.communicate(timeout=3600)[0].strip().splitlines()[-1]) for p in procs]
+    elapsed = max(r["end"] for r in reports) - min(r["start"] for r in reports)
+    return {"fps": sum(r["fps"] for r in reports), "fps_wall": n * args.frames / elapsed,
+            "p50_ms": float(np.mean([r["p50_ms"] for r in reports])),
+            "p95_ms": float(np.mean([r["p95_ms"] for r in reports])),
+            "memory_mb": float(sum(r["memory_mb"] for r in reports))}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", choices=sorted(SIZES), default="tiny")
+    ap.add_argument("--sources", default="1,2,4,8")
+    ap.add_argument("--frames", type=int, default=40, help="frames per source in the measured run")
+    ap.add_argument("--warmup", type=int, default=4)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads per process (0: leave as is)")
+    ap.add_argument("--json", help="write every number here")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--ckpt-dir", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    if args.child:
+        def ready() -> None:
+            print("ready", flush=True)
+            sys.stdin.readline()
+
+        report = run_batched(1, args.frames, checkpoints(args.config, Path(args.ckpt_dir)), device, args.warmup,
+                             ready)
+        print(json.dumps(report), flush=True)
+        return 0
+    counts = [int(n) for n in args.sources.split(",")]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        ckpts = checkpoints(args.config, folder)
+        one = None
+        for n in counts:
+            batched = run_batched(n, args.frames, ckpts, device, args.warmup)
+            one = one or (batched if n == 1 else run_batched(1, args.frames, ckpts, device, args.warmup))
+            separate = run_separate(n, args, folder)
+            row = {"sources": n, "batched": batched, "separate": separate,
+                   "batched_vs_separate": batched["fps"] / separate["fps_wall"],
+                   "batched_vs_n_x_one": batched["fps"] / (n * one["fps"]),
+                   "memory_saving": 1 - batched["memory_mb"] / separate["memory_mb"]}
+            rows.append(row)
+            print(f"{n} sources: batched {batched['fps']:.1f} fps (p50 {batched['p50_ms']:.0f} ms, p95 "
+                  f"{batched['p95_ms']:.0f} ms, {batched['frames'] / batched['steps']:.2f} frames per step), "
+                  f"separate {separate['fps_wall']:.1f} fps (p50 {separate['p50_ms']:.0f} ms); batched/separate "
+                  f"{row['batched_vs_separate']:.2f}, batched/(N x one) {row['batched_vs_n_x_one']:.2f}; memory "
+                  f"{batched['memory_mb']:.0f} MB vs {separate['memory_mb']:.0f} MB in {n} processes", flush=True)
+    print(f"config {args.config}, {args.frames} frames per source of {W}x{H}, pose + seg, one person each, "
+          f"device {device}, torch threads {torch.get_num_threads()}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"config": args.config, "device": str(device), "rows": rows},
+                                              indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,277 @@
+"""Many sources, one process, one batch: per-source outputs, failures of one source, fairness, the
+batched forwards, and adding/removing sources of a running pipeline over its control endpoint."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import threading
+import time
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline.engine import FrameEngine
+from pipeline.runner import Runner
+from pipeline.sources import Source
+from pipeline.sources.demo import SyntheticCamera
+from pipeline.stages_setup import Stages
+from stages.detector import FullFrameDetector
+from stages.sapiens2 import load_model
+from stages.sapiens2.estimators import ESTIMATORS
+from stages.sapiens2.tiny import make_tiny
+from stages.types import Detections, Frame, StreamInfo
+from tests.cliutil import CLI, OFFLINE, assert_one_clear_error, decode_video, make_video, read_jsonl, run_cli
+
+pytestmark = pytest.mark.timeout(300)
+POSE = ["--tasks", "pose", *OFFLINE]
+
+
+@pytest.fixture(scope="module")
+def clips(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("clips")
+    return {"a": make_video(folder / "a.mp4", n=24), "b": make_video(folder / "b.mp4", n=17, w=256, h=192)}
+
+
+def test_two_files_two_recordings_two_keypoint_files_batched(tiny: Path, cli_env: dict[str, str], tmp_path: Path,
+                                                            clips: dict[str, Path]) -> None:
+    ran = run_cli(["--source", f"a={clips['a']}", "--source", f"b={clips['b']}", *POSE, "--record",
+                   tmp_path / "out" / "{source}.mp4", "--save-keypoints", tmp_path / "out" / "{source}.jsonl"],
+                  cli_env, tmp_path)
+    assert ran.rc == 0, ran.stderr
+    for name, frames, size in (("a", 24, (320, 240)), ("b", 17, (256, 192))):
+        video = decode_video(tmp_path / "out" / f"{name}.mp4")
+        assert video.count == frames and (video.width, video.height) == size
+        records = read_jsonl(tmp_path / "out" / f"{name}.jsonl")
+        assert [r["frame"] for r in records] == list(range(frames)) and "source" not in records[0]
+    assert "2 sources in" in ran.stderr and "batched steps" in ran.stderr
+    steps = int(ran.stderr.split(" batched steps")[0].split()[-1])
+    assert steps < 24 + 17, "every step held one frame: nothing was batched"
+    assert "  a: 24 frames" in ran.stderr and "  b: 17 frames" in ran.stderr  # the summary per source
+
+
+def test_one_keypoint_file_for_several_sources_tags_each_line(tiny: Path, cli_env: dict[str, str], tmp_path: Path,
+                                                             clips: dict[str, Path]) -> None:
+    kp = tmp_path / "all.jsonl"
+    ran = run_cli(["--source", str(clips["a"]), "--source", str(clips["b"]), *POSE, "--save-keypoints", kp],
+                  cli_env, tmp_path)
+    assert ran.rc == 0, ran.stderr
+    records = read_jsonl(kp)
+    by_source = {s: [r["frame"] for r in records if r["source"] == s] for s in ("cam0", "cam1")}  # unnamed: camN
+    assert by_source == {"cam0": list(range(24)), "cam1": list(range(17))}
+
+
+@pytest.mark.parametrize("damage", ["corrupt", "truncated"])
+def test_a_bad_source_is_reported_and_the_others_finish(tiny: Path, cli_env: dict[str, str], tmp_path: Path,
+                                                       clips: dict[str, Path], damage: str) -> None:
+    bad = tmp_path / "bad.mp4"
+    if damage == "corrupt":
+        bad.write_bytes(b"\x00" * 5000)
+    else:
+        make_video(bad, n=30, faststart=True)
+        data = bad.read_bytes()
+        bad.write_bytes(data[: len(data) * 2 // 3])
+    ran = run_cli(["--source", f"good={clips['a']}", "--source", f"bad={bad}", *POSE, "--save-keypoints",
+                   tmp_path / "{source}.jsonl"], cli_env, tmp_path)
+    last = assert_one_clear_error(ran, "1 of 2 sources failed", "bad")
+    assert "good" not in last.split("failed:")[1]
+    assert [r["frame"] for r in read_jsonl(tmp_path / "good.jsonl")] == list(range(24))  # completed
+
+
+@pytest.mark.parametrize(
+    "args, needles",
+    [
+        (["--source", "x=demo", "--source", "x=demo"], ["'x' is used twice"]),
+        (["--source", "=demo"], ["name is empty"]),
+        (["--source", "demo", "--source", "demo", "--record", "out.mp4"], ["{source}"]),
+        (["--source", "demo", "--source", "demo", "--source-id", "one"], ["source_id", "NAME=SPEC"]),
+    ],
+)
+def test_bad_source_lists_are_one_line(cli_env: dict[str, str], tmp_path: Path, args: list[str],
+                                       needles: list[str]) -> None:
+    ran = run_cli([*args, *POSE], cli_env, tmp_path)
+    assert_one_clear_error(ran, *needles)
+    assert "loaded " not in ran.stderr
+
+
+def test_unknown_key_in_a_sources_entry_names_the_entry(cli_env: dict[str, str], tmp_path: Path) -> None:
+    config = tmp_path / "cams.yaml"
+    config.write_text("sources:\n  - {id: a, uri: demo}\n  - {id: b, uri: demo, fps: 30}\n")
+    ran = run_cli(["--config", config, *POSE], cli_env, tmp_path)
+    assert_one_clear_error(ran, "sources[1]", "fps")
+
+
+def test_yaml_sources_with_their_own_settings(tiny: Path, cli_env: dict[str, str], tmp_path: Path,
+                                              clips: dict[str, Path]) -> None:
+    config = tmp_path / "cams.yaml"
+    config.write_text(f"sources:\n  - {{id: door, uri: '{clips['a']}'}}\n"
+                      f"  - {{id: hall, uri: '{clips['b']}', realtime: true, stall_timeout_s: 3}}\n")
+    ran = run_cli(["--config", config, *POSE, "--save-keypoints", tmp_path / "{source}.jsonl"], cli_env, tmp_path)
+    assert ran.rc == 0, ran.stderr
+    assert len(read_jsonl(tmp_path / "door.jsonl")) == 24  # a file: every frame
+    hall = read_jsonl(tmp_path / "hall.jsonl")
+    assert 1 <= len(hall) <= 17  # realtime: paced and live, frames may be dropped
+
+
+# -- the engine batches ----------------------------------------------------------------------
+class People:
+    random_weights = False
+
+    def __init__(self) -> None:
+        self.batches: list[int] = []
+
+    def detect_batch(self, images: list[np.ndarray]) -> list[Detections]:
+        self.batches.append(len(images))
+        return [Detections(np.array([[4, 4, 40, 44], [20, 10, 60, 46]][: 1 + i % 2], np.float32),
+                           np.ones(1 + i % 2, np.float32), np.arange(1 + i % 2)) for i in range(len(images))]
+
+
+def test_one_forward_per_stage_for_a_whole_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    estimators = {task: ESTIMATORS[task](load_model(make_tiny(tmp_path / task, task, image_size=(64, 48)),
+                                                    device="cpu")) for task in ("pose", "seg")}
+    batches: dict[str, list[int]] = {"pose": [], "seg": []}
+    for task, est in estimators.items():
+        real = est.forward
+        monkeypatch.setattr(est, "forward", lambda x, real=real, task=task: (batches[task].append(len(x)),
+                                                                               real(x))[1])
+    detector = People()
+    engine = FrameEngine(Stages(torch.device("cpu"), detector, estimators))
+    frames = [Frame(0, np.zeros((48 + 8 * i, 64, 3), np.uint8), 0, None, 0, f"cam{i}") for i in range(3)]
+    results = engine.finish_batch(engine.submit_batch(frames), False)
+    assert detector.batches == [3]  # one detector batch
+    assert batches["seg"] == [3]  # one dense forward over the three frames (of different sizes)
+    assert batches["pose"] == [4]  # one pose forward: 1 + 2 + 1 persons, padded to the bucket of 4
+    assert [len(r.keypoints) for r in results] == [1, 2, 1]
+    assert [r.seg.shape for r in results] == [(48, 64), (56, 64), (64, 64)]
+    assert [r.frame.source_id for r in results] == ["cam0", "cam1", "cam2"]
+
+
+def test_a_stalled_source_never_holds_the_others_up() -> None:
+    """A camera that hangs keeps its slot empty; the file's frames go on being processed meanwhile."""
+    live = SyntheticCamera(fps=100.0)
+    camera = Source(live.open, label="cam", source_id="cam", live=True, reconnect=True, stall_timeout_s=30.0)
+    frames = [Frame(i, np.zeros((16, 16, 3), np.uint8), i, Fraction(1, 30), time.time_ns(), "file") for i in range(60)]
+
+    class FileLike:
+        frames_dropped = reopens = 0
+        source_id = health = "file"
+        info = StreamInfo("file", 16, 16, 30.0, Fraction(1, 30), live=False)
+
+        def __init__(self) -> None:
+            self.queue = list(frames)
+            self.gate = threading.Event()
+
+        def read(self, timeout: float):
+            from pipeline.sources import SourceEnded
+
+            if not self.queue:
+                raise SourceEnded("end")
+            if len(self.queue) == 30:  # halfway: wait until the camera hangs
+                self.gate.wait(10)
+            return self.queue.pop(0)
+
+        def stop(self) -> None:
+            pass
+
+    file = FileLike()
+
+    class Collect:
+        def __init__(self) -> None:
+            self.results = []
+
+        def open(self, info) -> None:
+            pass
+
+        def write(self, result) -> None:
+            self.results.append(result)
+
+        def close(self) -> None:
+            pass
+
+    sink = Collect()
+    engine = FrameEngine(Stages(torch.device("cpu"), FullFrameDetector()))
+    runner = Runner([camera.start(), file], engine, [sink], None, False)
+    thread = threading.Thread(target=runner.run)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while sum(r.frame.source_id == "cam" for r in sink.results) < 5:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        live.stall()
+        file.gate.set()
+        while len([r for r in sink.results if r.frame.source_id == "file"]) < 60:
+            assert time.monotonic() < deadline, "the file stopped while the camera hung"
+            time.sleep(0.01)
+    finally:
+        runner.stop.set()
+        live.resume()
+        thread.join(30)
+    assert [r.frame.index for r in sink.results if r.frame.source_id == "file"] == list(range(60))
+
+
+# -- adding and removing sources while running ------------------------------------------------
+def _control(endpoint: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, "control", "--endpoint", endpoint, *args], capture_output=True, text=True, timeout=90)
+
+
+def test_control_endpoint_adds_lists_and_removes_sources(tiny: Path, cli_env: dict[str, str], tmp_path: Path,
+                                                        clips: dict[str, Path]) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        endpoint = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+    long_clip = make_video(tmp_path / "long-input.mp4", n=1800)  # a minute at 30 fps, paced as live below
+    extra_clip = make_video(tmp_path / "extra-input.mp4", n=40, w=256, h=192)
+    pipeline = subprocess.Popen([*CLI, "--source", f"live={long_clip}", "--realtime", *POSE, "--control", endpoint,
+                                 "--record", tmp_path / "{source}.mp4", "--save-keypoints", tmp_path / "all.jsonl"],
+                                env=cli_env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:  # the endpoint answers once the models loaded
+            listed = _control(endpoint, "--timeout", "2", "list")
+            if listed.returncode == 0:
+                break
+            assert pipeline.poll() is None and time.monotonic() < deadline, pipeline.communicate()[1]
+        assert [json.loads(x)["id"] for x in listed.stdout.splitlines()] == ["live"]
+        added = _control(endpoint, "add", f"extra={extra_clip}", "--no-realtime")  # a file: every frame
+        assert added.returncode == 0 and json.loads(added.stdout)["id"] == "extra", added.stderr
+        twice = _control(endpoint, "add", f"live={clips['b']}")
+        assert twice.returncode != 0 and "running already" in twice.stderr
+        missing = _control(endpoint, "add", f"nope={tmp_path / 'missing.mp4'}")
+        assert missing.returncode != 0 and "no such file" in missing.stderr
+        while not (tmp_path / "all.jsonl").exists() or \
+                (tmp_path / "all.jsonl").read_text().count('"source":"extra","frame"') < 40:
+            assert time.monotonic() < deadline, "the added file did not run to its end"
+            time.sleep(0.1)
+        assert _control(endpoint, "remove", "live").returncode == 0
+        assert _control(endpoint, "remove", "live").returncode != 0  # gone
+        deadline = time.monotonic() + 60
+        while not decode_ok(tmp_path / "live.mp4"):  # its recording is finished when it is removed
+            assert time.monotonic() < deadline, "the removed source's recording was not finalised"
+            time.sleep(0.2)
+    finally:
+        pipeline.send_signal(signal.SIGINT)
+        try:
+            _, err = pipeline.communicate(timeout=90)
+        except subprocess.TimeoutExpired:
+            pipeline.kill()
+            raise
+    assert pipeline.returncode == 0, err
+    records = read_jsonl(tmp_path / "all.jsonl")
+    extra = [r["frame"] for r in records if r.get("source") == "extra" and "frame" in r]
+    assert extra == list(range(40))  # the added file: every frame, in order
+    assert decode_video(tmp_path / "extra.mp4").count == 40
+
+
+def decode_ok(path: Path) -> bool:
+    try:
+        return decode_video(path).count > 0 and path.read_bytes()[4:8] == b"ftyp" and \
+            b"moov" in path.read_bytes()[:4096]
+    except Exception:  # not there yet, or still the fragmented working copy
+        return False
