@@ -1,12 +1,15 @@
 """Crash-safe video recording with PyAV (``pip install sapiens2-stream-client[video]``).
 
-While recording, the file on disk is always playable up to about one second before now:
+While recording, the file on disk is always playable up to the last frame written, whatever the
+frame rate:
 
-* ``.mp4`` / ``.mov`` are written as fragmented MP4 (an empty ``moov``, then one ``moof``+``mdat``
-  fragment per keyframe), and a keyframe is forced every ``fragment_s`` seconds of media time or
-  of wall-clock time, whichever comes first, with an encoder that holds no frames back
-  (no look-ahead, no B-frames). A SIGKILL or a full disk loses at most the fragment being built.
-* ``.mkv`` closes a Matroska cluster at the same keyframes.
+* ``.mp4`` / ``.mov`` are written as fragmented MP4: an empty ``moov``, then one ``moof``+``mdat``
+  fragment per frame (about 100 bytes of overhead each), flushed as written, from an encoder that
+  holds no frames back (no look-ahead, no B-frames). A SIGKILL or a full disk loses at most the
+  frame being written. A fragment need not start at a keyframe to play from the start; keyframes
+  come every ``fragment_s`` x 2 seconds of media, for seeking.
+* ``.mkv`` closes a Matroska cluster every ``fragment_s`` seconds of media, each block flushed as
+  written.
 
 On a clean close (end of input, SIGINT, SIGTERM) the encoder is flushed and a fragmented MP4 is
 remuxed (packets copied, nothing re-encoded) into a standard MP4 with its index at the front,
@@ -99,7 +102,6 @@ class VideoWriter:
         self._size: tuple[int, int] | None = None  # (width, height) of the content before padding
         self._origin: Fraction | None = None  # media time (s) that maps to output pts 0
         self._last_pts = -1
-        self._last_key = (-1e30, -1e30)  # (media s, wall s) of the last forced keyframe
         self._good_size = 0  # bytes of whole fragments on disk
         self._closed = False
 
@@ -122,11 +124,6 @@ class VideoWriter:
             frame = frame.reformat(width=self._stream.width, height=self._stream.height)
         frame.pts = self._pts_for(media_s)
         frame.time_base = self._stream.codec_context.time_base
-        now = time.monotonic()
-        media = float(frame.pts * frame.time_base)
-        if media - self._last_key[0] >= self.fragment_s or now - self._last_key[1] >= self.fragment_s:
-            frame.pict_type = av.video.frame.PictureType.I  # a keyframe starts a new fragment on disk
-            self._last_key = (media, now)
         self._mux(self._stream.encode(frame))
         self.frames_written += 1
 
@@ -210,7 +207,7 @@ class VideoWriter:
         suffix = self.path.suffix.lower()
         options = {"flush_packets": "1"}
         if suffix in FRAGMENTED:
-            options["movflags"] = "frag_keyframe+empty_moov+default_base_moof"
+            options["movflags"] = "frag_every_frame+empty_moov+default_base_moof"
         elif suffix == ".mkv":
             options["cluster_time_limit"] = str(int(self.fragment_s * 1000))
         try:
@@ -226,8 +223,7 @@ class VideoWriter:
             stream.width, stream.height, stream.pix_fmt = out_w, out_h, "yuv420p"
             stream.codec_context.time_base = _MPEG4_TIME_BASE if codec == "mpeg4" else _FINE_TIME_BASE
             stream.codec_context.framerate = rate
-            # Keyframes are forced per fragment (write()); this is only the upper bound between them.
-            stream.codec_context.gop_size = max(1, round(float(rate) * self.fragment_s * 2))
+            stream.codec_context.gop_size = max(1, round(float(rate) * self.fragment_s * 2))  # for seeking
             if self.bitrate:
                 stream.bit_rate = int(self.bitrate)
             elif codec == "mpeg4":
@@ -236,7 +232,8 @@ class VideoWriter:
             container.close()
             raise RecorderError(f"recorder {self.path}: cannot set up {codec} ({exc})") from exc
         self._container, self._stream, self.codec, self._size = container, stream, codec, (width, height)
-        log.info("recorder %s: %dx%d %s, a fragment every %.1f s", self.path, out_w, out_h, codec, self.fragment_s)
+        log.info("recorder %s: %dx%d %s, crash-safe (%s)", self.path, out_w, out_h, codec,
+                 "a fragment per frame" if suffix in FRAGMENTED else f"a cluster every {self.fragment_s:g} s")
 
     def _options(self, codec: str) -> dict[str, str]:
         options: dict[str, str] = {}
