@@ -29,6 +29,7 @@ from stages.types import FrameResult
 
 from .config import ConfigError, RunConfig, SourceSpec
 from .engine import FrameEngine
+from .metrics import MetricsSink, PipelineMetrics
 from .runner import Runner
 from .sinks import PerSource, Sink
 from .sinks.jsonl import KeypointWriter
@@ -279,29 +280,41 @@ def run_pipeline(cfg: RunConfig, stop: threading.Event | None = None) -> int:
     preflight(cfg, specs)
     device = pick_device(cfg.device)
     several = len(specs) > 1 or cfg.control is not None
-    sinks = build_sinks(cfg, stop, several)
+    services: list = []  # HTTP servers and the control endpoint, closed when the run ends
+    sinks: list[Sink] = []
     sources: list[Source] = []
-    control = None
     try:  # until the runner owns them, a setup failure must close the sources and sinks here
+        metrics = _start_metrics(cfg, services)
+        sinks = build_sinks(cfg, stop, several)
+        _start_view(cfg, sinks, services)
+        if metrics is not None:
+            sinks.append(MetricsSink(metrics))
+            publisher = next((s for s in sinks if isinstance(s, ZmqPublisher) and not s.raw_frames), None)
+            metrics.watch_publisher(publisher)
         sources, failed_at_start = open_sources(cfg, specs)
         stages = build_stages(cfg, device)
         runner, display = assemble(cfg, sources, stages, sinks, stop, max_frames_per_step=len(specs))
+        if metrics is not None:
+            metrics.describe_run(cfg.tasks, cfg.model_size, cfg.dtype, stages.device, stages.random_weights)
+            metrics.ready = True
+            idle = runner.on_idle
+            runner.on_idle = lambda source: (metrics.beat(), idle and idle(source))
         if cfg.control is not None:
             from .net.control import ControlServer
 
-            control = ControlServer(cfg.control, runner, lambda spec: open_spec(cfg, spec))
+            services.append(ControlServer(cfg.control, runner, lambda spec: open_spec(cfg, spec)))
             runner.keep_alive = True
     except BaseException:
         for source in sources:
             source.stop()
         for sink in sinks:
             sink.close()
+        _close_all(services)
         raise
     try:
         stats = runner.run()
     finally:
-        if control is not None:
-            control.close()
+        _close_all(services)
         display.close()
     if stats.error is not None:
         raise stats.error
@@ -316,6 +329,40 @@ def run_pipeline(cfg: RunConfig, stop: threading.Event | None = None) -> int:
         names = ", ".join(f"{name} ({why})" for name, why in failed.items())
         raise SourceError(f"{len(failed)} of {len(specs)} sources failed: {names}")
     return 0
+
+
+def _start_metrics(cfg: RunConfig, services: list) -> PipelineMetrics | None:
+    """/metrics, /healthz and /readyz from the start: an orchestrator sees the models load."""
+    if cfg.metrics is None:
+        return None
+    metrics = PipelineMetrics()
+    metrics.beat()
+    services.append(metrics.serve(cfg.metrics))
+    return metrics
+
+
+def _start_view(cfg: RunConfig, sinks: list[Sink], services: list) -> None:
+    """``--view``: a publisher of raw frames on a free loopback port, and the web viewer reading it."""
+    if cfg.view is None:
+        return
+    from .viewer.server import ViewServer
+
+    feed = ZmqPublisher("tcp://127.0.0.1:*", jpeg_quality=cfg.jpeg_quality, raw_frames=True)
+    feed.bind()
+    sinks.append(feed)
+    server = ViewServer([feed.endpoint], cfg.view, cfg.view_token, kpt_threshold=cfg.kpt_threshold).start()
+    services.append(server)
+    log.info("web view: %s/%s", server.url, "?token=..." if cfg.view_token else "")
+
+
+def _close_all(services: list) -> None:
+    for service in reversed(services):
+        closer = getattr(service, "close", None) or getattr(service, "stop")
+        try:
+            closer()
+        except Exception as exc:  # a server that fails to stop must not hide the run's outcome
+            log.debug("stopping %s failed: %s", type(service).__name__, exc)
+    services.clear()
 
 
 def _flatten(sinks: list[Sink]) -> list[Sink]:
@@ -356,7 +403,7 @@ def assemble(cfg: RunConfig, sources: Source | list[Source], stages: Stages, sin
         log.warning("RANDOM WEIGHTS in use: outputs are meaningless (tests and offline demo only)")
         for source in sources:
             source.mark_random_weights()
-    publisher = next((s for s in sinks if isinstance(s, ZmqPublisher)), None)
+    publisher = next((s for s in sinks if isinstance(s, ZmqPublisher) and not s.raw_frames), None)
     always_image = any(getattr(s, "uses_image", False) for s in sinks)  # recordings, previews
     annotator = compose_annotators(_annotation_layers(cfg)) if always_image or publisher is not None else None
 

@@ -18,7 +18,7 @@ import threading
 import typing
 from typing import Any
 
-SUBCOMMANDS = ("run", "weights", "subscribe", "keys", "broker", "control")
+SUBCOMMANDS = ("run", "weights", "subscribe", "keys", "broker", "view", "control")
 log = logging.getLogger("sapiens2_stream")
 
 

@@ -157,6 +157,11 @@ class RunConfig:
     curve_client: str = option("pipeline", "with --publish-connect and --curve-dir: the client key name this "
                                            "pipeline uses towards the broker")
     show: bool = option(False, "preview window")
+    view: str | None = option(None, "serve a live web view on HOST:PORT (e.g. 127.0.0.1:8080), no other process "
+                                    "needed")
+    view_token: str | None = option(None, "require this token (?token=...) for the web view and its stream")
+    metrics: str | None = option(None, "serve Prometheus /metrics, /healthz and /readyz on HOST:PORT "
+                                       "(e.g. 127.0.0.1:9108)")
     annotate: list[str] = option(help="layers drawn on recorded/published frames, bottom-up",
                                  factory=lambda: ["matte", "seg", "boxes", "pose", "hud"])
     matte_mode: str = option("composite", "how the matte puts people on the background",
@@ -208,6 +213,12 @@ class RunConfig:
                 check_source_id(self.source_id)
             except ValueError as exc:
                 raise ConfigError(f"source_id: {exc}") from None
+        for key in ("view", "metrics"):
+            value = getattr(self, key)
+            if value is not None:
+                host, sep, port = value.rpartition(":")
+                if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+                    raise ConfigError(f"{key}: {value!r} is not HOST:PORT; e.g. 127.0.0.1:8080")
         if self.publish and self.publish_connect:
             raise ConfigError("publish and publish_connect: choose one (bind an endpoint, or connect to a broker)")
         for key, bind in (("publish", True), ("publish_connect", False), ("control", True)):

@@ -1,5 +1,5 @@
 """CLI commands for the network side: ``subscribe``, ``keys`` (the client package's, one implementation),
-``broker`` and ``control`` (sources of a running pipeline).
+``broker``, ``view`` (the web viewer) and ``control`` (sources of a running pipeline).
 
 ``add_net_commands(subparsers)`` registers them on the main CLI's subparsers; every handler
 is ``func(args) -> int`` and reports a failure as one ``error: ...`` line.
@@ -20,7 +20,8 @@ import zmq
 
 from sapiens2_client import wire
 from sapiens2_client.cli import add_keys_command, add_subscribe_command
-from sapiens2_client.keys import CurveServerKeys, KeysError
+from sapiens2_client.endpoints import check_endpoint
+from sapiens2_client.keys import CurveClientKeys, CurveServerKeys, KeysError
 
 from .broker import Broker, BrokerError
 
@@ -35,6 +36,17 @@ def add_net_commands(subparsers: argparse._SubParsersAction) -> None:
     b.add_argument("--curve-dir", help="CURVE keys folder: the broker is the CURVE server on both sides; "
                                        "pipelines and subscribers are clients listed in authorized/")
     b.set_defaults(func=cmd_broker)
+
+    v = subparsers.add_parser("view", help="serve a live web view of one or more publishers (or a broker)")
+    v.add_argument("--endpoint", action="append", help=f"publisher or broker endpoint (repeatable; default "
+                                                       f"{wire.DEFAULT_ENDPOINT})")
+    v.add_argument("--listen", default="127.0.0.1:8080", help="HOST:PORT of the page (loopback by default)")
+    v.add_argument("--view-token", help="require this token (?token=...) for the page and its stream")
+    v.add_argument("--metrics", help="HOST:PORT for Prometheus /metrics, /healthz and /readyz of the viewer")
+    v.add_argument("--keys", help="CURVE keys directory (from `keys`) when the publisher uses CURVE")
+    v.add_argument("--client-name", default="client", help="client key name inside --keys")
+    v.add_argument("--max-message-mb", type=float, default=64.0, help="refuse larger messages")
+    v.set_defaults(func=cmd_view)
 
     c = subparsers.add_parser("control", help="add, remove or list the sources of a running pipeline (--control)")
     c.add_argument("--endpoint", default="tcp://127.0.0.1:5560", help="the pipeline's --control endpoint")
@@ -66,6 +78,44 @@ def cmd_broker(args: argparse.Namespace) -> int:
             pass
     finally:
         broker.stop()
+    return 0
+
+
+def cmd_view(args: argparse.Namespace) -> int:
+    from stages.errors import ConfigError
+
+    from ..viewer.metrics import ViewerMetrics
+    from ..viewer.server import ViewServer
+
+    endpoints = args.endpoint or [wire.DEFAULT_ENDPOINT]
+    try:
+        for endpoint in endpoints:
+            check_endpoint(endpoint, bind=False)
+        curve = CurveClientKeys.from_dir(args.keys, args.client_name) if args.keys else None
+        server = ViewServer(endpoints, args.listen, args.view_token, curve,
+                            max_message_bytes=int(args.max_message_mb * 2**20)).start()
+    except (ValueError, ConfigError, KeysError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    metrics = None
+    if args.metrics:
+        try:
+            metrics = ViewerMetrics(server).serve(args.metrics)
+        except ConfigError as e:
+            server.close()
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+    stop = threading.Event()
+    _on_signals(lambda *_: stop.set())
+    print(f"viewer: open {server.url}/{'?token=...' if args.view_token else ''} (streams from "
+          f"{', '.join(endpoints)})", flush=True)
+    try:
+        while not stop.wait(0.2):
+            pass
+    finally:
+        if metrics is not None:
+            metrics.stop()
+        server.close()
     return 0
 
 

@@ -130,6 +130,7 @@ class ZmqPublisher:
         linger_ms: int = 500,
         curve: CurveServerKeys | CurveClientKeys | None = None,
         gpu_jpeg: bool = False,
+        raw_frames: bool = False,
     ) -> None:
         if header_format not in wire.HEADER_FORMATS:
             raise ValueError(f"header_format must be msgpack or json, got {header_format!r}")
@@ -152,6 +153,7 @@ class ZmqPublisher:
         self.linger_ms = linger_ms
         self.curve = curve
         self.jpeg = JpegEncoder(jpeg_quality, "auto" if gpu_jpeg else None)
+        self.raw_frames = raw_frames  # publish the frame as decoded, without the pipeline's overlays
         self.stats = PublisherStats()
         self.endpoint = endpoint
         self._sources: dict[str, _Source] = {}
@@ -164,6 +166,7 @@ class ZmqPublisher:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._handshake_warned = (0.0, 0)  # (last warning, failures since)
+        self.connections = 0  # open ZeroMQ connections (subscribers, or the broker when connecting)
 
     # -- set-up -----------------------------------------------------------------------------
     def bind(self) -> None:
@@ -185,7 +188,8 @@ class ZmqPublisher:
             sock.setsockopt(zmq.LINGER, self.linger_ms)
             if self.curve is not None:
                 self.curve.apply(sock)
-            self._monitor = sock.get_monitor_socket(sum(_HANDSHAKE_EVENTS))
+            self._monitor = sock.get_monitor_socket(sum(_HANDSHAKE_EVENTS) | zmq.EVENT_ACCEPTED | zmq.EVENT_CONNECTED
+                                                    | zmq.EVENT_DISCONNECTED)
             self._sock = sock
             if self.connect:
                 sock.connect(self.requested_endpoint)
@@ -241,9 +245,9 @@ class ZmqPublisher:
             encoded.append(("keypoints", self._encode("keypoints", {**fields, "num_persons": n, "num_keypoints": k},
                                                       parts)))
         if wanted["frame"]:
-            image = result.annotated if result.annotated is not None else frame.image
-            encoded.append(("frame", self._encode_frame({**fields, "annotated": result.annotated is not None},
-                                                        image)))
+            annotated = result.annotated is not None and not self.raw_frames
+            image = result.annotated if annotated else frame.image
+            encoded.append(("frame", self._encode_frame({**fields, "annotated": annotated}, image)))
         if wanted["seg"] and result.seg is not None:
             encoded.append(("seg", self._encode("seg", fields, [wire.Part("classes", result.seg, "png")])))
         if wanted["matte"] and result.matte is not None:
@@ -406,17 +410,27 @@ class ZmqPublisher:
                         self._publish_status(source)
 
     def _watch_handshakes(self, timeout_s: float) -> None:
-        """Log failed subscriber handshakes (rate-limited: a misconfigured client retries often)."""
+        """Count connections and log failed subscriber handshakes (rate-limited: a misconfigured client
+        retries often)."""
         monitor = self._monitor
-        if monitor is None or not monitor.poll(int(timeout_s * 1000)):
-            if monitor is None:
-                self._stop.wait(timeout_s)
+        if monitor is None:
+            self._stop.wait(timeout_s)
             return
-        try:
-            event = recv_monitor_message(monitor, zmq.NOBLOCK)
-        except zmq.ZMQError:
+        if not monitor.poll(int(timeout_s * 1000)):
             return
-        what = _HANDSHAKE_EVENTS.get(event["event"])
+        while True:
+            try:
+                event = recv_monitor_message(monitor, zmq.NOBLOCK)
+            except zmq.ZMQError:  # Again: all read (or the monitor is closing)
+                return
+            self._on_monitor_event(event["event"])
+
+    def _on_monitor_event(self, event: int) -> None:
+        if event in (zmq.EVENT_ACCEPTED, zmq.EVENT_CONNECTED):
+            self.connections += 1
+        elif event == zmq.EVENT_DISCONNECTED:
+            self.connections = max(0, self.connections - 1)
+        what = _HANDSHAKE_EVENTS.get(event)
         if what is None:
             return
         last, count = self._handshake_warned

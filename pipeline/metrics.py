@@ -1,0 +1,177 @@
+"""Prometheus metrics and health endpoints of a running pipeline (``--metrics 127.0.0.1:9108``).
+
+Served with the official ``prometheus_client`` (its text format, its own registry):
+
+    sapiens2_frames_total{source}                     frames processed
+    sapiens2_frames_dropped_total{source}             frames a live source replaced before they were processed
+    sapiens2_source_reopens_total{source}             reconnects of a camera or stream
+    sapiens2_decode_errors_total{source}              packets skipped because they did not decode
+    sapiens2_stage_latency_seconds{stage}             histogram per stage (detect, pose, seg, ..., annotate)
+    sapiens2_capture_to_output_seconds{source}        histogram: capture to the sinks written
+    sapiens2_source_up{source}                        1 while the source delivers (health ok), else 0
+    sapiens2_subscribers                              ZeroMQ connections to the publisher
+    sapiens2_publisher_dropped_total{kind}            messages some subscriber's full queue refused
+    sapiens2_gpu_memory_bytes{device}                 allocated by torch (CUDA only)
+    sapiens2_model_info{tasks, model_size, dtype, device, random_weights, version}
+
+``/healthz`` answers 200 while the pipeline loop runs (it saw a frame or an idle poll within the
+last 10 s), ``/readyz`` 200 once the models are loaded and at least one source delivers, 503 otherwise.
+``MetricsSink`` is the sink that feeds them.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from stages.types import FrameResult, StreamInfo
+
+from .net.http import HttpService
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0)
+HEARTBEAT_S = 10.0
+
+
+class PipelineMetrics:
+    """The collectors, in a registry of their own (tests and several pipelines in one process stay apart)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.frames = Counter("sapiens2_frames", "frames processed", ["source"], registry=r)
+        self.dropped = Counter("sapiens2_frames_dropped", "frames a live source replaced before they were processed",
+                               ["source"], registry=r)
+        self.reopens = Counter("sapiens2_source_reopens", "reconnects of a camera or stream", ["source"], registry=r)
+        self.decode_errors = Counter("sapiens2_decode_errors", "packets skipped because they did not decode",
+                                     ["source"], registry=r)
+        self.stage_latency = Histogram("sapiens2_stage_latency_seconds", "time of each stage per frame", ["stage"],
+                                       buckets=LATENCY_BUCKETS, registry=r)
+        self.capture_to_output = Histogram("sapiens2_capture_to_output_seconds",
+                                           "capture (or decode) of a frame to its results written by every sink",
+                                           ["source"], buckets=LATENCY_BUCKETS, registry=r)
+        self.source_up = Gauge("sapiens2_source_up", "1 while the source delivers frames (health ok)", ["source"],
+                               registry=r)
+        self.subscribers = Gauge("sapiens2_subscribers", "ZeroMQ connections to the publisher", registry=r)
+        self.publisher_dropped = Counter("sapiens2_publisher_dropped", "messages some subscriber's full queue refused",
+                                         ["kind"], registry=r)
+        self.gpu_memory = Gauge("sapiens2_gpu_memory_bytes", "device memory allocated by torch", ["device"],
+                                registry=r)
+        self.model = Info("sapiens2_model", "what runs: tasks, model size, precision, device", registry=r)
+        self.ready = False  # models loaded
+        self.heartbeat = 0.0  # monotonic time the loop last said it runs
+        self._seen: dict[tuple[str, str], int] = {}  # (metric, source) -> last cumulative value
+        self._publisher: Any = None
+        self._device: Any = None
+
+    def describe_run(self, tasks: list[str], model_size: str, dtype: str, device: Any, random_weights: bool) -> None:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            ours = version("sapiens2-stream")
+        except PackageNotFoundError:  # running from a checkout without an install
+            ours = "unknown"
+        self.model.info({"tasks": ",".join(tasks), "model_size": model_size, "dtype": str(dtype),
+                         "device": str(device), "random_weights": str(bool(random_weights)).lower(), "version": ours})
+        self._device = device
+
+    def watch_publisher(self, publisher: Any) -> None:
+        self._publisher = publisher
+
+    def beat(self) -> None:
+        self.heartbeat = time.monotonic()
+
+    def _advance(self, counter: Counter, name: str, source: str, value: int) -> None:
+        """A cumulative count (from a source) as a counter: add what it grew since the last look."""
+        last = self._seen.get((name, source), 0)
+        if value > last:
+            counter.labels(source).inc(value - last)
+        self._seen[(name, source)] = max(value, last)
+
+    def observe(self, result: FrameResult) -> None:
+        source = result.frame.source_id
+        self.frames.labels(source).inc()
+        for stage, ms in result.latency_ms.items():
+            self.stage_latency.labels(stage).observe(ms / 1000.0)
+        self.capture_to_output.labels(source).observe(max(0.0, (time.time_ns() - result.frame.capture_ns) / 1e9))
+        drops = result.drops
+        self._advance(self.dropped, "dropped", source, int(drops.get("source", 0)))
+        self._advance(self.reopens, "reopens", source, int(drops.get("reopens", 0)))
+        self._advance(self.decode_errors, "decode_errors", source, int(drops.get("decode_errors", 0)))
+        self.source_up.labels(source).set(1)
+        self.beat()
+
+    def collect_now(self) -> None:
+        """Figures read at scrape time: the publisher's counters, device memory."""
+        publisher = self._publisher
+        if publisher is not None:
+            self.subscribers.set(publisher.connections)
+            for kind, value in dict(publisher.stats.dropped).items():
+                self._advance(self.publisher_dropped, "publisher_dropped", kind, int(value))
+        device = self._device
+        if device is not None and getattr(device, "type", "") == "cuda":
+            import torch
+
+            self.gpu_memory.labels(str(device)).set(torch.cuda.memory_allocated(device))
+
+    # -- HTTP -------------------------------------------------------------------------------
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/readyz", self._readyz)
+        return app
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        self.collect_now()
+        return web.Response(body=generate_latest(self.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        alive = time.monotonic() - self.heartbeat < HEARTBEAT_S
+        return web.Response(status=200 if alive else 503, text="ok\n" if alive else "the pipeline loop stopped\n")
+
+    async def _readyz(self, request: web.Request) -> web.Response:
+        up = [labels for labels, value in _gauge_values(self.source_up) if value >= 1]
+        if not self.ready:
+            return web.Response(status=503, text="models are loading\n")
+        if not up:
+            return web.Response(status=503, text="no source delivers frames yet\n")
+        return web.Response(status=200, text="ready\n")
+
+    def serve(self, listen: str) -> HttpService:
+        return HttpService(self.app, listen, "metrics").start()
+
+
+def _gauge_values(gauge: Gauge) -> list[tuple[dict, float]]:
+    out = []
+    for family in gauge.collect():
+        for sample in family.samples:
+            out.append((sample.labels, sample.value))
+    return out
+
+
+class MetricsSink:
+    """The sink that keeps the metrics current: every frame, every health change of a source."""
+
+    def __init__(self, metrics: PipelineMetrics) -> None:
+        self.metrics = metrics
+
+    def open(self, info: StreamInfo) -> None:
+        self.metrics.source_up.labels(info.source_id).set(0)
+        self.metrics.beat()
+
+    def write(self, result: FrameResult) -> None:
+        self.metrics.observe(result)
+
+    def event(self, record: dict[str, Any]) -> None:
+        source = str(record.get("source_id"))
+        self.metrics.source_up.labels(source).set(1 if record.get("event") == "resumed" else 0)
+
+    def close_source(self, source_id: str) -> None:
+        self.metrics.source_up.remove(source_id)
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,263 @@
+"""The live viewer: a web page that shows what a pipeline publishes, for any browser on the network.
+
+``ViewServer`` subscribes to one or more publishers (or a broker) and serves, with aiohttp:
+
+    /                 the page (static files from package data only; no directory listing)
+    /static/<file>    the page's script, style and the JavaScript client's browser build
+    /metadata.json    skeleton, keypoint groups and the segmentation palette the page draws with
+    /ws               a WebSocket of wire messages, each packed as the JavaScript client's
+                      ``unpackFrames`` reads it (uint32 LE frame count, then length + bytes per frame)
+
+The server forwards the messages as they came (it checks their header, it never decodes or
+re-encodes an image); the page decodes them with the JavaScript client's browser build. Each
+browser gets only the newest message of each topic: a slow browser never makes the server queue
+frames for it (what it skipped is counted). Upstream topics other than ``status`` are subscribed
+only while some browser is connected, so an unwatched pipeline encodes no frames for the viewer.
+
+Security: loopback by default; another address is warned about, and with a token
+(``--view-token``) the page, its WebSocket and its figures need it (``?token=`` or the
+``X-View-Token`` header); the static script and tables are public.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+import zmq
+import zmq.asyncio
+from aiohttp import WSMsgType, web
+
+from sapiens2_client import wire
+from sapiens2_client.keys import CurveClientKeys
+
+from ..net.http import HttpService, is_loopback_host
+
+log = logging.getLogger(__name__)
+
+STATIC = {"viewer.js": "text/javascript", "viewer.css": "text/css",
+          "sapiens2-client.browser.js": "text/javascript"}
+PAGE_TOPICS = ("keypoints", "frame", "seg", "matte")
+
+
+@dataclass
+class ViewerStats:
+    received: int = 0  # upstream messages
+    refused: int = 0  # upstream messages whose header is not a valid sapiens2.stream header
+    forwarded: int = 0
+    superseded: int = 0  # newer message of the same topic came before a browser took the older one
+    clients: int = 0
+    sources: dict[str, float] = field(default_factory=dict)  # source id -> last message time (loop clock)
+
+
+class _Client:
+    """One browser: the newest message of each topic, waiting to be sent."""
+
+    def __init__(self, ws: web.WebSocketResponse) -> None:
+        self.ws = ws
+        self.slots: dict[bytes, bytes] = {}
+        self.wake = asyncio.Event()
+
+
+def pack(frames: list[bytes]) -> bytes:
+    """The WebSocket framing of one multipart message (unpackFrames in the JavaScript client)."""
+    out = [len(frames).to_bytes(4, "little")]
+    for frame in frames:
+        out += [len(frame).to_bytes(4, "little"), bytes(frame)]
+    return b"".join(out)
+
+
+def static_file(name: str) -> bytes:
+    return resources.files("pipeline.viewer").joinpath("static", name).read_bytes()
+
+
+def page_metadata() -> dict[str, Any]:
+    """What the page needs to draw: links with colours, keypoint colours, groups, the seg palette."""
+    from stages.metadata import load_metadata
+
+    meta = load_metadata()
+    return {
+        "num_keypoints": meta.num_keypoints,
+        "links": meta.skeleton_links.tolist(),
+        "link_colors": meta.link_colors.tolist(),
+        "keypoint_colors": meta.keypoint_colors.tolist(),
+        "groups": {name: idx.tolist() for name, idx in meta.groups.items()},
+        "seg_classes": meta.seg_class_names.tolist(),
+        "seg_palette": meta.seg_palette.tolist(),
+        "background_id": meta.background_id,
+    }
+
+
+class ViewServer:
+    """See the module docstring. ``start()`` binds (ConfigError when it cannot), ``close()`` stops."""
+
+    def __init__(self, endpoints: list[str], listen: str = "127.0.0.1:8080", token: str | None = None,
+                 curve: CurveClientKeys | None = None, max_message_bytes: int = wire.DEFAULT_MAX_MESSAGE_BYTES,
+                 kpt_threshold: float = 0.3) -> None:
+        self.endpoints, self.token, self.curve = list(endpoints), token, curve
+        self.limits = wire.Limits(max_message_bytes=max_message_bytes)
+        self.kpt_threshold = kpt_threshold
+        self.stats = ViewerStats()
+        self._clients: set[_Client] = set()
+        self._metadata = json.dumps(page_metadata()).encode()
+        self._service = HttpService(self._app, listen, "viewer")
+        if not is_loopback_host(self._service.host) and not token:
+            log.warning("the viewer on %s has no --view-token: anyone who reaches it sees the streams",
+                        self._service.host)
+        self._sock: zmq.asyncio.Socket | None = None
+        self._ctx: zmq.asyncio.Context | None = None
+        self._reader: asyncio.Task | None = None
+        self._subscribed = False
+
+    @property
+    def url(self) -> str:
+        return self._service.url
+
+    def start(self) -> ViewServer:
+        self._service.start()
+        return self
+
+    def close(self) -> None:
+        loop = self._service.loop
+        if loop.is_running():
+            asyncio.run_coroutine_threadsafe(self._shutdown(), loop).result(timeout=10)
+        self._service.stop()
+
+    # -- the app ----------------------------------------------------------------------------
+    async def _app(self) -> web.Application:
+        self._ctx = zmq.asyncio.Context()
+        sock = self._ctx.socket(zmq.SUB)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.RCVHWM, 64)
+        sock.setsockopt(zmq.MAXMSGSIZE, self.limits.max_message_bytes)
+        if self.curve is not None:
+            self.curve.apply(sock)
+        sock.setsockopt(zmq.SUBSCRIBE, b"status.")
+        for endpoint in self.endpoints:
+            sock.connect(endpoint)
+        self._sock = sock
+        self._reader = asyncio.get_running_loop().create_task(self._read_upstream())
+        app = web.Application(middlewares=[self._guard])
+        app.router.add_get("/", self._page)
+        app.router.add_get("/static/{name}", self._static)
+        app.router.add_get("/metadata.json", self._meta)
+        app.router.add_get("/ws", self._websocket)
+        app.router.add_get("/stats.json", self._stats)
+        return app
+
+    @web.middleware
+    async def _guard(self, request: web.Request, handler):
+        """The token guards the streams and figures; the page's own code and tables are public."""
+        if self.token and not request.path.startswith("/static/") and request.path != "/metadata.json":
+            given = request.query.get("token") or request.headers.get("X-View-Token") or ""
+            if not hmac.compare_digest(given.encode(), self.token.encode()):
+                return web.Response(status=401, text="this viewer needs its token: open it with ?token=...\n")
+        response = await handler(request)
+        response.headers["X-Content-Type-Options"] = "nosniff"
+        return response
+
+    async def _page(self, request: web.Request) -> web.Response:
+        page = static_file("index.html").decode().replace("{{KPT_THRESHOLD}}", str(self.kpt_threshold))
+        return web.Response(text=page, content_type="text/html")
+
+    async def _static(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        if name not in STATIC:
+            raise web.HTTPNotFound()
+        return web.Response(body=static_file(name), content_type=STATIC[name])
+
+    async def _meta(self, request: web.Request) -> web.Response:
+        return web.Response(body=self._metadata, content_type="application/json")
+
+    async def _stats(self, request: web.Request) -> web.Response:
+        s = self.stats
+        return web.json_response({"received": s.received, "refused": s.refused, "forwarded": s.forwarded,
+                                  "superseded": s.superseded, "clients": s.clients, "sources": sorted(s.sources)})
+
+    async def _websocket(self, request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse(heartbeat=20, max_msg_size=4096)
+        await ws.prepare(request)
+        client = _Client(ws)
+        self._clients.add(client)
+        self.stats.clients = len(self._clients)
+        self._update_subscriptions()
+        sender = asyncio.get_running_loop().create_task(self._send_to(client))
+        try:
+            async for msg in ws:  # the page sends nothing that matters; this waits for it to go
+                if msg.type == WSMsgType.ERROR:
+                    break
+        finally:
+            sender.cancel()
+            self._clients.discard(client)
+            self.stats.clients = len(self._clients)
+            self._update_subscriptions()
+        return ws
+
+    async def _send_to(self, client: _Client) -> None:
+        try:
+            while not client.ws.closed:
+                await client.wake.wait()
+                client.wake.clear()
+                slots, client.slots = client.slots, {}
+                for data in slots.values():
+                    await client.ws.send_bytes(data)  # while this waits on a slow browser, slots refill
+                    self.stats.forwarded += 1
+        except (ConnectionResetError, RuntimeError, asyncio.CancelledError):
+            return
+
+    # -- upstream ---------------------------------------------------------------------------
+    def _update_subscriptions(self) -> None:
+        want = bool(self._clients)
+        if self._sock is None or want == self._subscribed:
+            return
+        option = zmq.SUBSCRIBE if want else zmq.UNSUBSCRIBE
+        for topic in PAGE_TOPICS:
+            self._sock.setsockopt(option, f"{topic}.".encode())
+        self._subscribed = want
+
+    async def _read_upstream(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                frames = await self._sock.recv_multipart()
+            except (zmq.ZMQError, asyncio.CancelledError):
+                return
+            self.stats.received += 1
+            if not self._acceptable(frames):
+                self.stats.refused += 1
+                continue
+            topic = bytes(frames[0])
+            self.stats.sources[topic.split(b".", 1)[1].decode()] = loop.time()
+            data = pack(frames)
+            for client in list(self._clients):
+                if topic in client.slots:
+                    self.stats.superseded += 1
+                client.slots[topic] = data
+                client.wake.set()
+
+    def _acceptable(self, frames: list[bytes]) -> bool:
+        """A message whose size and header follow the wire format (images are the page's to decode)."""
+        if len(frames) < 2 or sum(len(f) for f in frames) > self.limits.max_message_bytes:
+            return False
+        try:
+            header = wire.load_header(bytes(frames[1]), self.limits)
+            topic = bytes(frames[0]).decode("ascii")
+        except (wire.WireError, UnicodeDecodeError):
+            return False
+        return (header.get("schema") == wire.SCHEMA and header.get("version") == wire.SCHEMA_VERSION
+                and topic == f"{header.get('kind')}.{header.get('source_id')}")
+
+    async def _shutdown(self) -> None:
+        for client in list(self._clients):
+            await client.ws.close()
+        if self._reader is not None:
+            self._reader.cancel()
+        if self._sock is not None:
+            self._sock.close(linger=0)
+        if self._ctx is not None:
+            self._ctx.term()
