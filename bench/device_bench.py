@@ -1,36 +1,53 @@
 """One-call GPU benchmark: correctness in bf16/fp16, model speed vs the bf16 peak, our path vs the
 reference, end-to-end pipeline FPS and capture-to-publish latency, overlap gain, every fast-path
-switch on and off, peak memory.
+switch on and off, torch.compile, peak memory, and the versions of every package it ran with.
 
-Runs within ~8 minutes on one H200 (bench/device_run.sh installs the carried wheels first and
-calls this). Phases run in order of importance, each isolated: a phase that fails is reported with
-its error and the next one runs; the report is rewritten after every phase, so a run cut short
-still leaves what it measured; a phase that would overrun the time budget is skipped and says so.
-``--smoke`` runs every phase on tiny configs on the CPU, so the script itself is tested where no
-GPU is. Results: a markdown report on stdout and in OUT/device_bench.md, all numbers in
-OUT/device_bench.json. The phases live in bench/device_model.py (correctness, forward, reference,
-fastpath, compile) and bench/device_stream.py (syncs, pipeline, transfers); bench/devicekit.py
-holds the report, the run context and the phase runner.
+The device call (15 minutes of device time per session; this leaves room for one rerun):
 
-    python bench/device_bench.py --out $OUT            # on the GPU machine
+    run(command="bash bench/device_run.sh", carry=[".whl"], timeout_s=360)
+
+bench/device_run.sh installs the carried wheels and calls this under one 330 s limit (the install
+counted in it), with ``--budget-s 300`` (less when the install was slow). Phases run in the order
+of PHASES below, each in a worker process under its own deadline (bench/devicewatch.py): a phase
+that fails is reported with its traceback and the next one runs; a phase that hangs or overruns
+its limit is ended by the watchdog, every thread's traceback goes to the log, and the next phase
+runs in a fresh worker; a phase whose estimate no longer fits the budget is skipped and says so.
+The report is rewritten after every event, so a run cut short keeps what it measured.
+
+``--smoke`` runs every phase on tiny models on the CPU (the syncs phase runs its engine path and
+says that its measurement needs CUDA), so the script is tested where no GPU is. Results: a
+markdown report on stdout and in OUT/device_bench.md, every number in OUT/device_bench.json. The
+phases live in bench/device_model.py (checkpoints, correctness, forward, reference, fastpath,
+compile) and bench/device_stream.py (syncs, pipeline, transfers); bench/devicekit.py holds the
+report and the run context, bench/devicewatch.py the worker processes and the watchdog.
+
+    python bench/device_bench.py --out $OUT            # on the GPU machine (device_run.sh does this)
     python bench/device_bench.py --smoke --out /tmp/x  # anywhere, tiny configs on the CPU
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
+import importlib.util
+import os
+import shutil
+import signal
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.device_model import (  # noqa: E402
-    make_checkpoints,
+    TASKS,
+    phase_checkpoints,
     phase_compile,
     phase_correctness,
     phase_fastpath,
@@ -38,18 +55,154 @@ from bench.device_model import (  # noqa: E402
     phase_reference,
 )
 from bench.device_stream import phase_pipeline, phase_syncs, phase_transfers  # noqa: E402
-from bench.devicekit import Ctx, Report, run_phase, sync_sites  # noqa: E402
+from bench.devicekit import FAILED, REPO, Ctx, Outcome, Report, record_outcome, run_phase, sync_sites  # noqa: E402
+from bench.devicewatch import Interrupted, Phase, Supervisor  # noqa: E402
 
-PHASES: list[tuple[str, Callable[[Ctx], None], float]] = [  # name, function, seconds it needs (H200 estimate)
-    ("correctness", phase_correctness, 20),
-    ("forward", phase_forward, 20),
-    ("syncs", phase_syncs, 10),
-    ("reference", phase_reference, 90),
-    ("pipeline", phase_pipeline, 75),
-    ("fastpath", phase_fastpath, 30),
-    ("transfers", phase_transfers, 15),
-    ("compile", phase_compile, 120),
+BUDGET_S = 300.0  # what device_run.sh passes; its outer timeout is 330 s, the device call's 360 s
+
+
+# -- test-only phases (the watchdog's own test; run only when named in --phases) -----------------
+def _sleep_past_the_deadline(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+def phase_test_hang(ctx: Ctx) -> None:
+    """Sleeps far past its 2 s limit in the main thread and in a helper thread."""
+    ctx.say("\n## watchdog test: a phase that sleeps past its limit\n")
+    threading.Thread(target=_sleep_past_the_deadline, args=(600,), name="test-hang-helper", daemon=True).start()
+    _sleep_past_the_deadline(600)
+
+
+def phase_test_wedge(ctx: Ctx) -> None:
+    """Disarms its own watchdog timer and sleeps: only the parent's backstop (SIGABRT) can end it."""
+    import faulthandler
+
+    ctx.say("\n## watchdog test: a phase whose watchdog timer cannot fire\n")
+    faulthandler.cancel_dump_traceback_later()
+    _sleep_past_the_deadline(600)
+
+
+# name, function, H200 estimate (s; skipped when less budget is left), watchdog limit (s), about.
+# Order: what PERFORMANCE.md most needs first; compile (the longest and least predictable) after
+# the two target phases (pipeline, reference) but before fastpath and transfers, which are the
+# first cut when the budget runs short. Estimates sum to 240 s, plus ~5 s to start the first
+# worker: about 55 s of the 300 s budget to spare. Cumulative ends: checkpoints 25, correctness 45,
+# forward 60, syncs 70, pipeline 115, reference 155, compile 215, fastpath 235, transfers 245 s.
+PHASES: list[Phase] = [
+    Phase("checkpoints", phase_checkpoints, 20, 90, "3 random 0.4B checkpoints (init on the GPU, 1.7 GB write each)",
+          needs_ckpts=False),
+    Phase("correctness", phase_correctness, 20, 60, "bf16/fp16 vs fp32 decoded outputs, 3 tasks"),
+    Phase("forward", phase_forward, 15, 45, "8192^3 GEMM + pose forward at batch 1/2/4/8"),
+    Phase("syncs", phase_syncs, 10, 40, "host syncs in 3 engine submits"),
+    Phase("pipeline", phase_pipeline, 45, 90, "6 end-to-end rows of 5 s + warm-up"),
+    Phase("reference", phase_reference, 40, 90, "2 transformers models built on the GPU + timed groups"),
+    Phase("compile", phase_compile, 60, 120, "Inductor compile of pose 0.4B at batch 4 + CUDA graphs"),
+    Phase("fastpath", phase_fastpath, 20, 45, "9 variants of pose x4"),
+    Phase("transfers", phase_transfers, 10, 30, "copies, JPEG, libx264 (NVENC probed)", needs_ckpts=False),
 ]
+TEST_PHASES: list[Phase] = [
+    Phase("_hang", phase_test_hang, 0, 2, needs_ckpts=False, hidden=True),
+    Phase("_wedge", phase_test_wedge, 0, 2, needs_ckpts=False, hidden=True),
+]
+
+
+def all_phases() -> list[Phase]:
+    return PHASES + TEST_PHASES
+
+
+# -- versions ------------------------------------------------------------------------------------
+# (import name, distribution) of every package the phases use; the carried wheels among them.
+PACKAGES = (("torch", "torch"), ("torchvision", "torchvision"), ("triton", "triton"),
+            ("transformers", "transformers"), ("tokenizers", "tokenizers"), ("huggingface_hub", "huggingface-hub"),
+            ("safetensors", "safetensors"), ("av", "av"), ("zmq", "pyzmq"), ("ultralytics", "ultralytics"),
+            ("lap", "lap"), ("cv2", None), ("numpy", "numpy"), ("msgpack", "msgpack"), ("scipy", "scipy"),
+            ("PIL", "pillow"), ("yaml", "PyYAML"), ("psutil", "psutil"))
+
+
+def package_versions() -> list[dict[str, Any]]:
+    """Version and location of each package, read from its installed metadata without importing it
+    (the same resolution order as an import: the carried /tmp/site comes first on PYTHONPATH)."""
+    carried = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and Path(p).resolve() != REPO]
+    rows = []
+    for module, dist in PACKAGES:
+        spec = importlib.util.find_spec(module)
+        row: dict[str, Any] = dict(package=module, version=None, location=None, carried=False)
+        if spec is None or not spec.origin:
+            row["version"] = "MISSING"
+            rows.append(row)
+            continue
+        where = Path(spec.origin).resolve().parent.parent
+        row["location"] = str(where)
+        row["carried"] = any(str(where).startswith(str(Path(c).resolve())) for c in carried)
+        names = [dist] if dist else importlib.metadata.packages_distributions().get(module, [])
+        for name in names:
+            try:
+                found = next((d for d in importlib.metadata.distributions(name=name, path=[str(where)])), None)
+                row["version"] = (found.version if found else None) or importlib.metadata.version(name)
+                break
+            except importlib.metadata.PackageNotFoundError:
+                continue
+        rows.append(row)
+    return rows
+
+
+def nvidia_smi() -> str | None:
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        done = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=15)
+        return done.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def report_versions(report: Report) -> None:
+    versions = package_versions()
+    report.results["versions"] = {r["package"]: r["version"] for r in versions}
+    report.results["versions_detail"] = versions
+    report.results["carried_wheels"] = sorted(p.name for p in (REPO / ".whl").glob("*.whl"))
+    report.results["nvidia_smi"] = smi = nvidia_smi()
+    report.say("\n## Versions\n")
+    report.table(["package", "version", "from"],
+                 [[r["package"], r["version"], "carried (.whl)" if r["carried"] else (r["location"] or "-")]
+                  for r in versions])
+    if smi:
+        report.say(f"\nnvidia-smi: {smi}")
+    if report.results["carried_wheels"]:
+        report.say(f"\ncarried wheels: {', '.join(report.results['carried_wheels'])}")
+
+
+# -- main ----------------------------------------------------------------------------------------
+def select(names: str) -> tuple[list[Phase], list[str]]:
+    """The phases named, in PHASES order (test phases first, so the phases after them show that a
+    run goes on), with checkpoints added when a named phase needs them. Returns (phases, unknown)."""
+    wanted = [n for n in names.split(",") if n]
+    known = {p.name: p for p in all_phases()}
+    unknown = [n for n in wanted if n not in known]
+    chosen = [p for p in all_phases() if p.name in wanted]
+    if any(p.needs_ckpts for p in chosen) and "checkpoints" not in wanted:
+        chosen.insert(0, known["checkpoints"])
+    order = {p.name: i for i, p in enumerate(all_phases())}
+    tests = [p for p in chosen if p.hidden]
+    return tests + sorted([p for p in chosen if not p.hidden], key=lambda p: order[p.name]), unknown
+
+
+def work_dir() -> Path:
+    """Where the checkpoints go (about 5 GB at 0.4B): /dev/shm when it has room, else the temp dir."""
+    shm = Path("/dev/shm")
+    try:
+        if shm.is_dir() and os.access(shm, os.W_OK):
+            stat = os.statvfs(shm)
+            if stat.f_bavail * stat.f_frsize > 12 * 2**30:
+                return Path(tempfile.mkdtemp(prefix="device_bench.", dir=shm))
+    except OSError:
+        pass
+    return Path(tempfile.mkdtemp(prefix="device_bench."))
+
+
+def _interrupt(signum, frame) -> None:
+    raise Interrupted(signal.Signals(signum).name)
 
 
 def main() -> int:
@@ -57,38 +210,78 @@ def main() -> int:
     ap.add_argument("--out", default=".", help="folder for device_bench.md / .json")
     ap.add_argument("--smoke", action="store_true", help="tiny configs on the CPU (tests the script)")
     ap.add_argument("--iters", type=int, default=20)
-    ap.add_argument("--seconds", type=float, default=8.0, help="per end-to-end configuration")
-    ap.add_argument("--budget-s", type=float, default=420.0,
-                    help="seconds from the start: a phase that would end after this is skipped")
-    ap.add_argument("--phases", default=",".join(name for name, _, _ in PHASES))
+    ap.add_argument("--seconds", type=float, default=5.0, help="per end-to-end configuration")
+    ap.add_argument("--budget-s", type=float, default=BUDGET_S,
+                    help="seconds from the start: a phase whose estimate no longer fits is skipped, and every "
+                         "phase is ended at this point at the latest")
+    ap.add_argument("--phases", default=",".join(p.name for p in PHASES),
+                    help=f"comma-separated, from {', '.join(p.name for p in PHASES)}")
     args = ap.parse_args()
-    started = time.perf_counter()
-    unknown = set(args.phases.split(",")) - {name for name, _, _ in PHASES}
+    started = time.monotonic()
+    phases, unknown = select(args.phases)
     if unknown:
-        ap.error(f"unknown phases {sorted(unknown)}; choose from {', '.join(n for n, _, _ in PHASES)}")
-    device = torch.device("cpu" if args.smoke or not torch.cuda.is_available() else "cuda")
+        ap.error(f"unknown phases {unknown}; choose from {', '.join(p.name for p in PHASES)}")
+    cuda = not args.smoke and torch.cuda.is_available()
     report = Report(Path(args.out))
-    ctx = Ctx(device, args.smoke, 3 if args.smoke else args.iters, min(args.seconds, 3.0) if args.smoke else args.seconds,
-              started + args.budget_s, report)
-    name = torch.cuda.get_device_name() if ctx.cuda else "CPU (smoke run: tiny configs, numbers meaningless)"
-    report.say(f"# device_bench {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: {name}, torch {torch.__version__}")
-    report.say("\nAll Sapiens2 weights are random: speeds are real, outputs are not meaningful.\n")
-    report.results["device"] = name
-    report.results["torch"] = torch.__version__
-    with tempfile.TemporaryDirectory() as tmp:
-        make_checkpoints(ctx, Path(tmp))
-        report.save()
-        for phase, fn, needs in PHASES:
-            if phase in args.phases.split(","):
-                run_phase(ctx, phase, fn, 0 if args.smoke else needs)
-    total = time.perf_counter() - started
-    report.say(f"\ntotal {total:.0f} s; failed phases: {', '.join(report.results['errors']) or 'none'}; "
-               f"skipped: {', '.join(report.results['skipped']) or 'none'}")
+    signal.signal(signal.SIGTERM, _interrupt)
+    report.say(f"# device_bench {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
+               + (" (smoke run: tiny configs on the CPU, numbers meaningless)" if args.smoke else ""))
+    report.say("\nAll Sapiens2 weights are random: speeds are real, outputs are not meaningful. Matting rows are "
+               "the matting head on the 0.4B backbone (matting is published at 1B only).")
+    report.results.update(budget_s=args.budget_s, smoke=args.smoke, started_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                                                             time.gmtime()))
+    report_versions(report)
+    report.say(f"\n## Plan: time budget {args.budget_s:.0f} s\n")
+    report.table(["phase", "H200 estimate s", "watchdog limit s", "what"],
+                 [[p.name, p.estimate_s, p.limit(args.smoke), p.about] for p in phases])
+    report.results["plan"] = [dict(phase=p.name, estimate_s=p.estimate_s, limit_s=p.limit(args.smoke), about=p.about)
+                              for p in phases]
     report.save()
-    return 1 if report.results["errors"] else 0
+    state = work_dir()
+    config = dict(device="cuda" if cuda else "cpu", smoke=args.smoke, iters=3 if args.smoke else args.iters,
+                  seconds=min(args.seconds, 3.0) if args.smoke else args.seconds,
+                  ckpts={task: str(state / "ckpt" / task) for task in TASKS}, state_dir=str(state / "watch"),
+                  phases_module="bench.device_bench")
+
+    def on_ready(info: dict[str, Any]) -> None:
+        report.results["device"] = info.get("device")
+        report.results["worker"] = info
+        report.say(f"\ndevice: {info.get('device')}; torch {info.get('torch')} (built for CUDA {info.get('cuda')}), "
+                   f"cuDNN {info.get('cudnn', '-')}, Python {info.get('python')}, {info.get('cpus')} CPUs"
+                   + (f", compute capability {info['capability']}, {info['memory_gib']} GiB" if "capability" in info
+                      else ""))
+        report.save()
+
+    supervisor = Supervisor(report, config, args.smoke, on_ready=on_ready)
+    interrupted = None
+    try:
+        supervisor.run(phases, started + args.budget_s)
+    except (Interrupted, KeyboardInterrupt) as exc:
+        interrupted = str(exc) or type(exc).__name__
+    finally:
+        supervisor.close()
+        shutil.rmtree(state, ignore_errors=True)
+    summarise(report, time.monotonic() - started, supervisor.workers_started, interrupted)
+    return 1 if report.results["errors"] or interrupted else 0
 
 
-__all__ = ["PHASES", "Ctx", "Report", "main", "run_phase", "sync_sites"]
+def summarise(report: Report, total: float, workers: int, interrupted: str | None) -> None:
+    res = report.results
+    report.say("\n## Phases\n")
+    report.table(["phase", "status", "seconds", "H200 estimate", "limit", "peak GPU GiB", "note"],
+                 [[n, e["status"], e["seconds"], e.get("estimate_s"), e.get("limit_s"), e.get("peak_gib"),
+                   e.get("error") or e.get("note") or ""] for n, e in res["phases"].items()])
+    res["total_s"] = round(total, 1)
+    res["workers_started"] = workers
+    failed = [n for n, e in res["phases"].items() if e["status"] in FAILED]
+    report.say(f"\ntotal {total:.0f} s ({workers} worker process(es)); failed phases: {', '.join(failed) or 'none'}; "
+               f"skipped: {', '.join(res['skipped']) or 'none'}"
+               + (f"; the run was stopped ({interrupted})" if interrupted else ""))
+    report.save()
+
+
+__all__ = ["PHASES", "Ctx", "Outcome", "Report", "all_phases", "main", "record_outcome", "run_phase", "select",
+           "sync_sites"]
 
 
 if __name__ == "__main__":

@@ -1,29 +1,42 @@
 #!/usr/bin/env bash
 # The one device call (see bench/device_bench.py). Before it, here: bash bench/fetch_device_wheels.sh
 # (transformers 5.23, PyAV, pyzmq, Ultralytics, lap for Python 3.12 into .whl/). Then the call:
-#   run(command="bash bench/device_run.sh", carry=[".whl"], timeout_s=580)
-# Results land in $OUT: device_bench.md (the report), device_bench.json (every number),
-# device_bench.log (stdout + stderr, tracebacks of failed phases), gpu.txt, versions.txt.
+#   run(command="bash bench/device_run.sh", carry=[".whl"], timeout_s=360)
+# Time: everything below, the wheel install included, runs under one limit of LIMIT_S=330 s;
+# device_bench.py gets --budget-s 300 (less when the install was slow, so that its budget plus
+# ~25 s for its watchdog and shutdown still ends inside the 330 s). The device call's 360 s leave
+# 30 s beyond that; with the machine's start (1-2 min) one call costs about 8 of the session's 15
+# minutes of device time, so a rerun fits.
+# Results land in $OUT: device_bench.md (the report, versions included), device_bench.json (every
+# number), device_bench.log (stdout + stderr: tracebacks of failed phases, the watchdog's dumps of
+# every thread of a phase that overran), gpu.txt.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 YOLO_OFFLINE=1
 OUT=${OUT:-/tmp/out}
+LIMIT_S=${LIMIT_S:-330}
+BUDGET_S=${BUDGET_S:-300}
+SECONDS=0
 mkdir -p "$OUT"
+LOG="$OUT/device_bench.log"
+: > "$LOG"
 if compgen -G ".whl/*.whl" > /dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    || { echo "error: installing the carried wheels failed" >&2; exit 1; }
-  export PYTHONPATH=/tmp/site:$PWD
+  timeout -k 5 "$LIMIT_S" python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/site .whl/*.whl 2>&1 | tee -a "$LOG"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "error: installing the carried wheels failed" | tee -a "$LOG" >&2; exit 1; }
+  export PYTHONPATH=/tmp/site:$PWD:$PWD/clients/python
 else
-  echo "warning: no .whl/ carried: the reference, publisher and detector phases will fail" >&2
-  export PYTHONPATH=$PWD
+  echo "warning: no .whl/ carried: the reference, publisher and detector phases will fail" | tee -a "$LOG" >&2
+  export PYTHONPATH=$PWD:$PWD/clients/python
 fi
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt" || true
-python3 - <<'PY' 2>&1 | tee "$OUT/versions.txt"
-import importlib
-for name in ("torch", "torchvision", "transformers", "av", "zmq", "ultralytics", "cv2", "numpy"):
-    try:
-        print(name, importlib.import_module(name).__version__)
-    except Exception as exc:  # report, do not stop: the phases that need it will say so
-        print(name, "MISSING", type(exc).__name__, exc)
-PY
-timeout 510 python3 bench/device_bench.py --out "$OUT" "$@" 2>&1 | tee "$OUT/device_bench.log"
+echo "wheels installed in ${SECONDS} s" | tee -a "$LOG"
+timeout 15 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt" || true
+LEFT=$((LIMIT_S - SECONDS))
+BUDGET=$((LEFT - 25 < BUDGET_S ? LEFT - 25 : BUDGET_S))
+if [ "$BUDGET" -lt 60 ]; then
+  echo "error: only ${LEFT} s of the ${LIMIT_S} s limit left after the install" | tee -a "$LOG" >&2
+  exit 1
+fi
+echo "device_bench: budget ${BUDGET} s, hard limit ${LEFT} s" | tee -a "$LOG"
+# timeout signals the whole process group: the bench's worker processes end with it.
+timeout -k 10 "$LEFT" python3 bench/device_bench.py --out "$OUT" --budget-s "$BUDGET" "$@" 2>&1 | tee -a "$LOG"
 exit "${PIPESTATUS[0]}"

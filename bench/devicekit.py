@@ -1,8 +1,10 @@
-"""The device benchmark's scaffolding: the report, the run context, timing helpers, isolated phases.
+"""The device benchmark's scaffolding: the report, the run context, timing helpers, one phase run
+in isolation (``call_phase``, ``run_phase``) and its bookkeeping (``record_outcome``).
 
-bench/device_bench.py runs the phases (bench/device_model.py, bench/device_stream.py) through
-``run_phase``: each one isolated, timed, skipped when the budget is short, and the report rewritten
-after it so a run cut short keeps what it measured.
+bench/device_bench.py lists the phases (bench/device_model.py, bench/device_stream.py);
+bench/devicewatch.py runs each one in a worker process under a deadline. Inside the worker a phase
+is called through ``call_phase``: a Python exception costs that phase only. ``run_phase`` is the
+same without a worker (no deadline can be enforced in-process; tests and quick local runs).
 """
 
 from __future__ import annotations
@@ -13,27 +15,32 @@ import json
 import sys
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+REPO = Path(__file__).resolve().parents[1]
+for _path in (REPO, REPO / "clients" / "python"):  # sapiens2_client lives there (no install on the device)
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
 
 from bench.harness import measure, percentile  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
 OUR_CODE = (str(REPO / "stages"), str(REPO / "pipeline"))  # where a host sync is ours to fix
+BOOKKEEPING = ("errors", "skipped", "phase_seconds", "phases")  # results keys owned by the phase runner
+FAILED = ("failed", "killed", "crashed", "stopped")  # outcomes that count as errors
 
 
 class Report:
-    """Markdown lines and a JSON tree, both written to OUT after every phase."""
+    """Markdown lines and a JSON tree, both written to OUT after every phase (and every event the
+    worker sends, see bench/devicewatch.py)."""
 
     def __init__(self, out: Path) -> None:
         self.out = out
         self.lines: list[str] = []
-        self.results: dict[str, Any] = {"errors": {}, "skipped": [], "phase_seconds": {}}
+        self.results: dict[str, Any] = {"errors": {}, "skipped": [], "phase_seconds": {}, "phases": {}}
 
     def say(self, line: str = "") -> None:
         print(line, flush=True)
@@ -48,12 +55,16 @@ class Report:
     def save(self) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "device_bench.md").write_text("\n".join(self.lines) + "\n")
-        (self.out / "device_bench.json").write_text(json.dumps(self.results, indent=1, default=str))
+        tmp = self.out / ".device_bench.json.tmp"
+        tmp.write_text(json.dumps(self.results, indent=1, default=str))
+        tmp.replace(self.out / "device_bench.json")  # never a half-written JSON, even when killed
 
 
 def _cell(v: Any) -> str:
     if v is None:
         return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
     if isinstance(v, float):
         return f"{v:.3g}" if abs(v) < 10 else f"{v:.1f}"
     return str(v)
@@ -61,7 +72,12 @@ def _cell(v: Any) -> str:
 
 @dataclass
 class Ctx:
-    """What every phase needs: where, at which precision, how long, and the checkpoints."""
+    """What every phase needs: where, at which precision, how long, and the checkpoints.
+
+    deadline: time.monotonic() by which the current phase must be done (its watchdog limit or the
+    end of the run's budget, whichever is first); a phase with rows (pipeline) skips the rows that
+    would not fit.
+    """
 
     device: torch.device
     smoke: bool
@@ -70,6 +86,8 @@ class Ctx:
     deadline: float
     report: Report
     ckpts: dict[str, Path] = field(default_factory=dict)
+    cuda_only: str | None = None  # set by a phase whose measurement needs CUDA (the reason)
+    phase_peak_gib: float = 0.0
 
     @property
     def cuda(self) -> bool:
@@ -98,6 +116,32 @@ class Ctx:
     def precision(self) -> str:
         return str(self.dtype).replace("torch.", "")
 
+    def ckpt(self, task: str) -> Path:
+        """The checkpoint folder of a task, written by the checkpoints phase."""
+        path = self.ckpts[task]
+        if not (path / "model.safetensors").is_file():
+            raise FileNotFoundError(f"no {task} checkpoint at {path}: the checkpoints phase did not complete")
+        return path
+
+    def left_s(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def mark_cuda_only(self, reason: str) -> None:
+        """This phase ran its code path, but what it measures needs CUDA: say so in the report."""
+        self.cuda_only = reason
+        self.say(f"**n/a here (CUDA only)**: {reason}")
+
+    def reset_peak(self) -> None:
+        """Reset the CUDA peak-memory counter (for a row's own peak) without losing the phase's."""
+        if self.cuda:
+            self.phase_peak_gib = max(self.phase_peak_gib, torch.cuda.max_memory_allocated(self.device) / 2**30)
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    def peak_gib(self) -> float | None:
+        if not self.cuda:
+            return None
+        return max(self.phase_peak_gib, torch.cuda.max_memory_allocated(self.device) / 2**30)
+
     def ms(self, fn: Callable[[], object], warmup: int = 3, iters: int | None = None) -> list[float]:
         """Per-call milliseconds (CUDA events on a GPU, wall clock on the CPU), warm-up excluded."""
         return measure(fn, iters or self.iters, warmup, self.device).samples_ms
@@ -120,34 +164,104 @@ def wall_ms(fn: Callable[[], object], iters: int, warmup: int = 3) -> list[float
     return measure(fn, iters, warmup, "cpu").samples_ms
 
 
-def run_phase(ctx: Ctx, name: str, fn: Callable[[Ctx], None], needs_s: float) -> None:
-    """Run one phase in isolation: skipped when the budget is short, its failure reported, not fatal."""
-    report = ctx.report
-    left = ctx.deadline - time.perf_counter()
-    if left < needs_s:
-        report.say(f"\n(phase `{name}` skipped: {left:.0f} s of the time budget left, it needs about {needs_s:.0f} s)")
-        report.results["skipped"].append(name)
-        report.save()
-        return
-    t0 = time.perf_counter()
+# -- one phase -----------------------------------------------------------------------------------
+@dataclass
+class Outcome:
+    """How one phase ended.
+
+    status: ok | failed (a Python exception) | killed (overran its deadline: the watchdog ended it)
+    | crashed (the worker process died) | stopped (the whole run was stopped while it ran: SIGTERM
+    from the outer timeout) | skipped (not started: budget) | cuda-only (ran, but what it measures
+    needs CUDA; ``note`` says why).
+    """
+
+    status: str
+    seconds: float = 0.0
+    error: str | None = None  # one line
+    trace: str | None = None  # the traceback (Python's, or faulthandler's dump of every thread)
+    note: str | None = None
+    peak_gib: float | None = None
+    restart: bool = False  # the worker must not run another phase (a CUDA error poisons its context)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _cuda_poisoned(exc: BaseException) -> bool:
+    """After these the CUDA context of the process is unusable: the next phase needs a new process."""
+    text = f"{type(exc).__name__}: {exc}"
+    return "CUDA error" in text or type(exc).__name__ == "AcceleratorError" or "cuDNN error" in text
+
+
+def call_phase(ctx: Ctx, name: str, fn: Callable[[Ctx], None]) -> Outcome:
+    """Run one phase function; a Python exception is caught and becomes a failed Outcome."""
+    ctx.cuda_only, ctx.phase_peak_gib = None, 0.0
+    if ctx.cuda:
+        torch.cuda.reset_peak_memory_stats(ctx.device)
+    t0 = time.monotonic()
     try:
         fn(ctx)
+        outcome = Outcome("cuda-only" if ctx.cuda_only else "ok", note=ctx.cuda_only)
     except Exception as exc:  # noqa: BLE001 - one broken phase must not cost the others' numbers
         trace = traceback.format_exc()
         print(trace, file=sys.stderr, flush=True)
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        report.say(f"\n**phase `{name}` failed**: {type(exc).__name__}: {first[:300]}")
-        report.results["errors"][name] = trace
-    finally:
-        report.results["phase_seconds"][name] = round(time.perf_counter() - t0, 1)
-        report.say(f"\n_(phase `{name}`: {time.perf_counter() - t0:.0f} s)_")
-        report.save()
-        gc.collect()
-        if ctx.cuda:
-            torch.cuda.empty_cache()
+        outcome = Outcome("failed", error=f"{type(exc).__name__}: {first[:300]}", trace=trace,
+                          restart=_cuda_poisoned(exc))
+    outcome.seconds = round(time.monotonic() - t0, 1)
+    try:
+        outcome.peak_gib = ctx.peak_gib()
+    except Exception:  # noqa: BLE001 - a poisoned context cannot even say its peak
+        outcome.restart = True
+    gc.collect()
+    if ctx.cuda and not outcome.restart:
+        torch.cuda.empty_cache()
+    return outcome
 
 
-# -- checkpoints ---------------------------------------------------------------------------------
+def record_outcome(report: Report, name: str, outcome: Outcome, estimate_s: float | None = None,
+                   limit_s: float | None = None) -> None:
+    """Write how a phase ended into the report (markdown and JSON) and save both."""
+    res = report.results
+    entry = dict(outcome.to_dict(), estimate_s=estimate_s, limit_s=limit_s)
+    entry.pop("restart")
+    res["phases"][name] = entry
+    if outcome.status == "skipped":
+        res["skipped"].append(name)
+        report.say(f"\n(phase `{name}` skipped: {outcome.note})")
+    else:
+        res["phase_seconds"][name] = outcome.seconds
+        if outcome.status in FAILED:
+            res["errors"][name] = outcome.trace or outcome.error or outcome.status
+        if outcome.status == "failed":
+            report.say(f"\n**phase `{name}` failed**: {outcome.error}")
+        elif outcome.status == "killed":
+            limit = "" if limit_s is None else f", limit {limit_s:.0f} s"
+            report.say(f"\n**phase `{name}` ended by the watchdog** after {outcome.seconds:.0f} s{limit}: "
+                       f"{outcome.error}. Every thread's traceback is in device_bench.log (stderr) and "
+                       f"device_bench.json (errors.{name}).")
+        elif outcome.status == "stopped":
+            report.say(f"\n**phase `{name}` cut short**: {outcome.error}")
+        elif outcome.status == "crashed":
+            report.say(f"\n**phase `{name}` crashed** (the worker process died): {outcome.error}")
+        peak = "" if outcome.peak_gib is None else f", peak GPU memory {outcome.peak_gib:.2f} GiB"
+        report.say(f"\n_(phase `{name}`: {outcome.seconds:.0f} s{peak})_")
+    report.save()
+
+
+def run_phase(ctx: Ctx, name: str, fn: Callable[[Ctx], None], needs_s: float) -> Outcome:
+    """Run one phase in this process: skipped when the budget left (ctx.deadline) is under needs_s,
+    its failure reported, not fatal. No deadline is enforced (bench/devicewatch.py does that)."""
+    left = ctx.left_s()
+    if left < needs_s:
+        outcome = Outcome("skipped", note=f"{left:.0f} s of the time budget left, it needs about {needs_s:.0f} s")
+    else:
+        outcome = call_phase(ctx, name, fn)
+    record_outcome(ctx.report, name, outcome, needs_s)
+    return outcome
+
+
+# -- helpers shared by the phases ----------------------------------------------------------------
 @contextlib.contextmanager
 def strict_float32():
     """True float32 matmuls and convolutions (cuDNN convolutions default to TF32 on CUDA)."""

@@ -1,14 +1,18 @@
 """The one-call device benchmark must not rot between device sessions: run its CPU smoke mode.
 
-This checks that every phase runs and writes its report, and that one failing phase or a short
-time budget costs only that phase; the numbers of a smoke run on tiny configs mean nothing and
-are not asserted beyond being produced.
+This checks that every phase runs on tiny models on the CPU and writes its report (or says that
+what it measures needs CUDA), that the report carries the package versions and the correctness
+thresholds, that the watchdog ends a phase that overruns its limit (its threads' tracebacks in the
+log) while the next phases still run, and that one failing phase or a short time budget costs only
+that phase. The numbers of a smoke run on tiny configs mean nothing and are not asserted beyond
+being produced.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -18,43 +22,107 @@ import pytest
 import torch
 
 from bench import device_bench
+from bench.devicewatch import Phase, Supervisor
 
 REPO = Path(__file__).resolve().parents[1]
+ENV = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", YOLO_OFFLINE="1", PYTHONUNBUFFERED="1")
+CUDA_ONLY = {"syncs"}  # phases whose measurement needs CUDA: on the CPU they run their code path and say so
+VERSIONED = ("torch", "torchvision", "transformers", "av", "zmq", "ultralytics", "lap", "cv2", "numpy", "msgpack",
+             "safetensors")
+
+
+def _bench(tmp_path: Path, *args: str, timeout: float) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / "bench" / "device_bench.py"), "--smoke", "--out", str(tmp_path),
+                           *args], env=ENV, cwd=tmp_path, capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.mark.timeout(400)
 def test_device_bench_smoke_runs_every_phase(tmp_path: Path) -> None:
-    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", YOLO_OFFLINE="1", PYTHONUNBUFFERED="1")
-    ran = subprocess.run([sys.executable, str(REPO / "bench" / "device_bench.py"), "--smoke", "--seconds", "1.5",
-                          "--out", str(tmp_path)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=380)
+    ran = _bench(tmp_path, "--seconds", "1.5", timeout=380)
     assert ran.returncode == 0, ran.stderr[-3000:]
     report = (tmp_path / "device_bench.md").read_text()
-    for heading in ("Correctness on the device", "Model forward", "Our path vs the reference", "End to end",
-                    "Fast-path switches", "Transfers and encoders", "torch.compile"):
-        assert heading in report
     results = json.loads((tmp_path / "device_bench.json").read_text())
+    # Every phase ran; the CUDA-only one ran its code path and says why its measurement needs CUDA.
+    assert list(results["phases"]) == [p.name for p in device_bench.PHASES]
+    for name, entry in results["phases"].items():
+        if name in CUDA_ONLY:
+            assert entry["status"] == "cuda-only" and "CUDA" in entry["note"], entry
+        else:
+            assert entry["status"] == "ok", (name, entry)
+    assert "skipped in the smoke run" not in report and "n/a here (CUDA only)" in report
     assert results["errors"] == {} and results["skipped"] == []
-    assert all(row["finite"] for row in results["correctness"]) and len(results["correctness"]) == 6
+    for heading in ("Versions", "Plan: time budget 300 s", "Checkpoints", "Correctness on the device", "Model forward",
+                    "Host synchronisations", "Our path vs the reference", "End to end", "Fast-path switches",
+                    "Transfers and encoders", "torch.compile", "## Phases"):
+        assert heading in report, heading
+    # Versions of every package the phases use, in both files.
+    for package in VERSIONED:
+        assert results["versions"][package] not in (None, "MISSING"), package
+        assert re.search(rf"^\| {package} \| {re.escape(results['versions'][package])} \|", report, re.M), package
+    # Correctness: decoded outputs against float32 with stated thresholds, pass/fail per row.
+    thresholds = results["correctness_thresholds"]
+    assert {"raw_rel_l2", "kp_dist_rel_crop", "seg_label_diff", "alpha_mean_abs"} <= set(thresholds)
+    assert all(0 < t["float16"] < t["bfloat16"] for t in thresholds.values())
+    assert "Thresholds (bf16 / fp16)" in report and "| raw_rel_l2 | 8.00e-02 | 1.00e-02 |" in report
+    rows = results["correctness"]
+    assert len(rows) == 6 and {(r["task"], r["dtype"]) for r in rows} == {
+        (t, d) for t in ("pose", "seg", "matting") for d in ("bfloat16", "float16")}
+    assert all(r["finite"] and r["passed"] for r in rows)
+    assert {"kp_dist_rel_crop", "kp_score_rel"} <= set(next(r for r in rows if r["task"] == "pose")["checks"])
+    assert "seg_label_diff" in next(r for r in rows if r["task"] == "seg")["checks"]
+    assert all(c["value"] <= c["threshold"] and c["passed"] for r in rows for c in r["checks"].values())
+    assert report.count("| pass |") == sum(len(r["checks"]) for r in rows)
+    assert results["checkpoints"]["matting"]["label"].startswith("matting head on the tiny backbone")
     assert {r["batch"] for r in results["forward"]} == {1, 2, 4, 8}
     stages = {(r["stage"], r["path"]) for r in results["reference"]}
     assert ("pose x8", "image -> host result") in stages and ("seg", "image -> host result") in stages
     assert all(r["ref p50"] > 0 for r in results["reference"] if r["path"] == "image -> host result")
     assert len(results["pipeline"]) == 6 and all(r["fps"] > 0 and r["p95_ms"] > 0 for r in results["pipeline"])
     assert {(r["overlap"], r["pinned"]) for r in results["pipeline"]} == {(True, True), (False, True), (True, False)}
-    rows = {r["variant"]: r for r in results["fastpath"]}
-    assert len(rows) == 9 and rows["3 persons, no buckets (batch 3)"]["batch"] == 3
+    assert all(r["detector_calls"] > 0 for r in results["pipeline"])  # the engine's detect_batch reached YOLO
+    assert results["pipeline_detector"]["deprecation_warnings"] == 0
+    fast = {r["variant"]: r for r in results["fastpath"]}
+    assert len(fast) == 9 and fast["3 persons, no buckets (batch 3)"]["batch"] == 3
     # every switch computes what the default computes (fp32 on the CPU: to rounding)
-    assert all(r["max_rel_diff"] < 1e-4 for r in rows.values() if r["max_rel_diff"] is not None)
+    assert all(r["max_rel_diff"] < 1e-4 for r in fast.values() if r["max_rel_diff"] is not None)
     encoders = [r for r in results["transfers"] if r["what"] == "video encode per frame"]
-    assert [r["note"].split(";")[0] for r in encoders] == [
-        "encoder used: libx264 (requested one unavailable here)", "encoder used: libx264"]
-    jpeg = [r for r in results["transfers"] if r["what"].startswith("JPEG")]
+    assert [(r["variant"], r["ms"] is None) for r in encoders] == [("h264_nvenc (NVENC)", True),
+                                                                   ("libx264 (CPU)", False)]
+    assert encoders[0]["note"].startswith("n/a (no NVENC") and encoders[1]["note"].startswith("encoder used: libx264;")
+    jpeg = [r for r in results["transfers"] if r["what"].startswith("JPEG") and r["ms"]]
     assert len(jpeg) == 1 and "decodes; mean abs error" in jpeg[0]["note"]  # CPU only here
     assert results["compile"]["startup_s"] > 0 and results["compile"]["max_rel_diff"] < 1e-4
+    assert results["workers_started"] == 1
+
+
+@pytest.mark.timeout(120)
+def test_the_watchdog_ends_a_hung_phase_and_the_next_phases_run(tmp_path: Path) -> None:
+    """_hang sleeps past its 2 s limit (faulthandler's exit ends it); _wedge disarms that timer
+    (the parent's SIGABRT backstop ends it); transfers still runs, in a fresh worker."""
+    t0 = time.monotonic()
+    ran = _bench(tmp_path, "--phases", "_hang,_wedge,transfers", timeout=110)
+    assert time.monotonic() - t0 < 90
+    assert ran.returncode == 1  # the two test phases count as errors
+    results = json.loads((tmp_path / "device_bench.json").read_text())
+    phases = results["phases"]
+    assert list(phases) == ["_hang", "_wedge", "transfers"]
+    assert phases["transfers"]["status"] == "ok" and results["transfers"]
+    for name, how in (("_hang", "faulthandler dumped every thread"), ("_wedge", "the parent sent SIGABRT")):
+        assert phases[name]["status"] == "killed" and how in phases[name]["error"], phases[name]
+        assert phases[name]["seconds"] < 15
+        assert "the main thread was in _sleep_past_the_deadline (bench/device_bench.py:" in phases[name]["error"]
+        dump = results["errors"][name]
+        assert "_sleep_past_the_deadline" in dump and f"phase_test{name}" in dump
+        assert f"=== watchdog: phase {name} killed" in ran.stderr  # the dump is in the log, too
+    assert results["errors"]["_hang"].startswith("Timeout (0:00:02)!")
+    assert len(re.findall(r"^Thread 0x", results["errors"]["_hang"], re.M)) >= 2  # every thread, the helper too
+    assert results["workers_started"] == 3  # a new worker after each ended one
+    report = (tmp_path / "device_bench.md").read_text()
+    assert "**phase `_hang` ended by the watchdog**" in report and "## Transfers and encoders" in report
 
 
 def _ctx(tmp_path: Path, budget_s: float) -> device_bench.Ctx:
-    return device_bench.Ctx(torch.device("cpu"), True, 1, 1.0, time.perf_counter() + budget_s,
+    return device_bench.Ctx(torch.device("cpu"), True, 1, 1.0, time.monotonic() + budget_s,
                             device_bench.Report(tmp_path))
 
 
@@ -65,13 +133,16 @@ def test_a_failing_phase_is_reported_and_the_next_one_runs(tmp_path: Path) -> No
         c.say("## half done")
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
-    device_bench.run_phase(ctx, "broken", broken, 0)
+    outcome = device_bench.run_phase(ctx, "broken", broken, 0)
+    assert outcome.status == "failed" and outcome.restart  # a CUDA error: the worker must not go on
     device_bench.run_phase(ctx, "fine", lambda c: c.say("## fine ran"), 0)
     report = (tmp_path / "device_bench.md").read_text()  # written after each phase, not only at the end
     assert "## half done" in report and "## fine ran" in report
     assert "**phase `broken` failed**: RuntimeError: CUDA error: an illegal memory access" in report
     results = json.loads((tmp_path / "device_bench.json").read_text())
     assert set(results["errors"]) == {"broken"} and "illegal memory access" in results["errors"]["broken"]
+    assert results["phases"]["fine"]["status"] == "ok"
+    assert not device_bench.run_phase(ctx, "value", lambda c: int("x"), 0).restart  # other errors: go on
 
 
 def test_a_phase_that_would_overrun_the_budget_is_skipped_and_says_so(tmp_path: Path) -> None:
@@ -79,6 +150,62 @@ def test_a_phase_that_would_overrun_the_budget_is_skipped_and_says_so(tmp_path: 
     device_bench.run_phase(ctx, "compile", lambda c: pytest.fail("should not run"), 120)
     assert "phase `compile` skipped" in (tmp_path / "device_bench.md").read_text()
     assert json.loads((tmp_path / "device_bench.json").read_text())["skipped"] == ["compile"]
+
+
+def test_the_supervisor_skips_what_no_longer_fits_without_starting_a_worker(tmp_path: Path) -> None:
+    report = device_bench.Report(tmp_path)
+    config = dict(device="cpu", smoke=False, iters=1, seconds=1.0, ckpts={}, state_dir=str(tmp_path / "w"),
+                  phases_module="bench.device_bench")
+    supervisor = Supervisor(report, config, smoke=False)
+    supervisor.run([Phase("compile", lambda c: pytest.fail("should not run"), 120, 200)], time.monotonic() + 10)
+    assert supervisor.workers_started == 0 and report.results["skipped"] == ["compile"]
+    assert "it needs about 120 s" in report.results["phases"]["compile"]["note"]
+
+
+@pytest.mark.parametrize("task", ["pose", "seg", "matting"])
+def test_the_checkpoints_phase_makes_random_inits_weights(task: str) -> None:
+    """The bench's meta-built init (on the GPU there) is random_init's scheme, call for call."""
+    from bench.device_model import random_model
+    from stages.sapiens2.model import Sapiens2
+    from stages.sapiens2.tiny import random_init, tiny_config
+
+    ours = random_model(tiny_config(task), "cpu").state_dict()
+    theirs = random_init(Sapiens2(tiny_config(task)), seed=1).state_dict()
+    assert ours.keys() == theirs.keys()
+    assert all(torch.equal(ours[k], theirs[k]) for k in ours)
+
+
+def test_phase_order_estimates_and_selection() -> None:
+    names = [p.name for p in device_bench.PHASES]
+    assert names[0] == "checkpoints" and names.index("compile") < names.index("fastpath") < names.index("transfers")
+    # The estimates fit the 300 s budget with room (the first worker's start, ~5 s, comes on top).
+    assert sum(p.estimate_s for p in device_bench.PHASES) <= 0.85 * device_bench.BUDGET_S
+    assert all(p.estimate_s < p.limit_s for p in device_bench.PHASES)
+    chosen, unknown = device_bench.select("forward,_hang")
+    assert [p.name for p in chosen] == ["_hang", "checkpoints", "forward"] and unknown == []
+    assert device_bench.select("transfers,nope") == ([p for p in device_bench.PHASES if p.name == "transfers"],
+                                                     ["nope"])
+
+
+def test_the_documented_device_call_and_budget() -> None:
+    """device_run.sh: 300 s budget under a 330 s limit that counts the wheel install; the call's 360 s."""
+    script = (REPO / "bench" / "device_run.sh").read_text()
+    assert 'run(command="bash bench/device_run.sh", carry=[".whl"], timeout_s=360)' in script
+    assert "LIMIT_S=${LIMIT_S:-330}" in script and "BUDGET_S=${BUDGET_S:-300}" in script
+    assert script.index('timeout -k 5 "$LIMIT_S" python3 -m pip install') < script.index("LEFT=$((LIMIT_S - SECONDS))")
+    assert '--budget-s "$BUDGET"' in script
+    for path in ("device_bench.py", "devicewatch.py", "devicekit.py"):
+        assert "timeout_s=580" not in (REPO / "bench" / path).read_text()
+    assert 'timeout_s=360' in (REPO / "bench" / "device_bench.py").read_text()
+
+
+def test_bench_code_never_passes_half_to_ultralytics() -> None:
+    """Ultralytics deprecated ``half`` (it warned on every frame): only PersonDetector's own argument,
+    which it turns into ``quantize=16``, may be called half."""
+    for path in (REPO / "bench").glob("*.py"):
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if re.search(r"\bhalf\s*=", line):
+                assert "PersonDetector(" in line, f"{path.name}:{number}: {line.strip()}"
 
 
 def test_sync_sites_name_the_line_of_our_code_that_synchronised() -> None:
