@@ -194,6 +194,13 @@ def test_pipeline_serves_its_own_view_with_a_token(tiny: Path, cli_env: dict[str
         _stop(pipeline)
 
 
+def test_the_page_ships_the_javascript_clients_own_build() -> None:
+    """One decoder: the viewer's copy of the browser bundle is the JavaScript client's, byte for byte."""
+    shipped = (REPO / "pipeline" / "viewer" / "static" / "sapiens2-client.browser.js").read_bytes()
+    built = (REPO / "clients" / "js" / "dist" / "sapiens2-client.browser.js").read_bytes()
+    assert shipped == built, "copy clients/js/dist/sapiens2-client.browser.js to pipeline/viewer/static/"
+
+
 def test_metrics_grow_and_health_says_ready(tiny: Path, cli_env: dict[str, str], tmp_path: Path,
                                            long_clip: Path) -> None:
     from prometheus_client.parser import text_string_to_metric_families
