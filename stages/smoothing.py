@@ -55,18 +55,23 @@ class OneEuroFilter:
             return self._x.astype(np.float32)
         assert self._dx is not None
         # Non-finite input (a lost keypoint) would poison the state forever: hold the last value.
+        # An element never seen finite yet starts from its first finite value.
         finite = np.isfinite(x)
+        fresh = finite & ~np.isfinite(self._x)
         x = np.where(finite, x, self._x)
-        dx = (x - self._x) / dt
-        dx_hat = self._dx + _alpha(self.d_cutoff, dt) * (dx - self._dx)
-        cutoff = self.min_cutoff + self.beta * np.abs(dx_hat)
-        x_hat = self._x + _alpha(cutoff, dt) * (x - self._x)
+        with np.errstate(invalid="ignore"):
+            dx = (x - self._x) / dt
+            dx_hat = self._dx + _alpha(self.d_cutoff, dt) * (dx - self._dx)
+            cutoff = self.min_cutoff + self.beta * np.abs(dx_hat)
+            x_hat = self._x + _alpha(cutoff, dt) * (x - self._x)
+        x_hat = np.where(fresh, x, x_hat)
+        dx_hat = np.where(fresh | ~np.isfinite(dx_hat), 0.0, dx_hat)
         self._x, self._dx, self._t = x_hat, dx_hat, float(t)
         return x_hat.astype(np.float32)
 
 
 class KeypointSmoother:
-    """One One-Euro filter per track id, applied to a frame's (N, K, 2) keypoints.
+    """One One-Euro filter per track id, applied to a frame's (N, K, D) keypoints (2D or 3D).
 
     Persons with track id -1 (untracked) cannot be matched across frames and pass through
     unchanged. A track's state is dropped when it has not been seen for ``max_age_s`` seconds, so
@@ -94,12 +99,13 @@ class KeypointSmoother:
         self._filters.clear()
 
     def __call__(self, xy: np.ndarray, track_ids: np.ndarray, timestamp_s: float) -> np.ndarray:
-        """Smooth xy (N, K, 2) of the persons with ids (N,) at time ``timestamp_s``; returns (N, K, 2)."""
+        """Smooth xy (N, K, D) (D = 2 for image keypoints, 3 for 3D ones) of the persons with ids (N,)
+        at time ``timestamp_s``; returns (N, K, D). A NaN coordinate holds its track's last value."""
         xy = np.asarray(xy, dtype=np.float32)
         track_ids = np.asarray(track_ids, dtype=np.int64).reshape(-1)
-        if xy.ndim != 3 or xy.shape[2] != 2 or len(track_ids) != len(xy):
+        if xy.ndim != 3 or xy.shape[2] not in (2, 3) or len(track_ids) != len(xy):
             raise ValueError(
-                f"KeypointSmoother: expected xy (N, K, 2) and ids (N,), got {xy.shape} and {track_ids.shape}"
+                f"KeypointSmoother: expected xy (N, K, 2|3) and ids (N,), got {xy.shape} and {track_ids.shape}"
             )
         out = xy.copy()
         for i, tid in enumerate(track_ids.tolist()):

@@ -120,6 +120,43 @@ class Keypoints:
 
 
 @dataclass
+class Keypoints3D:
+    """The persons' keypoints in the pointmap's 3D camera frame (see stages.keypoints3d).
+
+    xyz: (N, K, 3) float32, zeros where not valid; valid: (N, K) bool; root: (N, 3) float32, the
+    mean of the valid hips (zeros when none); root_valid: (N,) bool; metric: the pointmap was
+    divided by its predicted scale (metric), else it is in canonical camera space.
+    """
+
+    xyz: np.ndarray
+    valid: np.ndarray
+    root: np.ndarray
+    root_valid: np.ndarray
+    metric: bool = True
+
+    def __post_init__(self) -> None:
+        self.xyz = np.asarray(self.xyz, dtype=np.float32)
+        self.valid = np.asarray(self.valid, dtype=bool)
+        self.root = np.asarray(self.root, dtype=np.float32)
+        self.root_valid = np.asarray(self.root_valid, dtype=bool)
+        _check("Keypoints3D.xyz", self.xyz, (None, None, 3))
+        n, k = self.xyz.shape[:2]
+        _check("Keypoints3D.valid", self.valid, (n, k))
+        _check("Keypoints3D.root", self.root, (n, 3))
+        _check("Keypoints3D.root_valid", self.root_valid, (n,))
+        if not np.isfinite(self.xyz).all() or not np.isfinite(self.root).all():
+            raise ValueError("Keypoints3D: non-finite values (invalid points must be zeros with valid=False)")
+
+    @classmethod
+    def empty(cls, num_keypoints: int = 308, metric: bool = True) -> Keypoints3D:
+        return cls(np.zeros((0, num_keypoints, 3), np.float32), np.zeros((0, num_keypoints), bool),
+                   np.zeros((0, 3), np.float32), np.zeros((0,), bool), metric)
+
+    def __len__(self) -> int:
+        return len(self.xyz)
+
+
+@dataclass
 class Matte:
     """alpha: (H, W) float32 in [0, 1]; foreground: (H, W, 3) float32 premultiplied RGB in [0, 1]."""
 
@@ -145,6 +182,7 @@ class FrameResult:
     matte: Matte | None = None
     normals: np.ndarray | None = None
     pointmap: np.ndarray | None = None
+    keypoints3d: Keypoints3D | None = None
     annotated: np.ndarray | None = None
     latency_ms: dict[str, float] = field(default_factory=dict)
     drops: dict[str, int] = field(default_factory=dict)
@@ -156,4 +194,8 @@ class FrameResult:
         if self.keypoints is not None and len(self.keypoints) != len(self.detections):
             raise ValueError(
                 f"FrameResult: {len(self.keypoints)} keypoint sets for {len(self.detections)} detections"
+            )
+        if self.keypoints3d is not None and len(self.keypoints3d) != len(self.detections):
+            raise ValueError(
+                f"FrameResult: {len(self.keypoints3d)} 3D keypoint sets for {len(self.detections)} detections"
             )

@@ -1,0 +1,141 @@
+"""Whole-body 3D keypoints from one camera: the 2D keypoints lifted into Sapiens2's pointmap.
+
+The pointmap stage predicts, for every pixel, a 3D point (X, Y, Z) in the camera's frame; after
+the reference post-processing (padding removed, divided by the predicted scale, resized to the
+frame) it is a (H, W, 3) map at frame size. ``lift`` samples it at each 2D keypoint, on the device
+and batched over persons and keypoints (no host sync):
+
+* ``window=1``: bilinear interpolation at the keypoint's sub-pixel position (pixel centres at
+  integer coordinates, as the keypoints are), exactly the map's value at whole pixels; a
+  non-finite pixel among the (up to) four it reads makes the point invalid;
+* ``window=k`` (odd): the per-axis median of the valid pixels of the k x k neighbourhood around the
+  nearest pixel: steadier where the map is noisy or the keypoint sits on an edge.
+
+A keypoint's 3D point is valid when its score reaches the threshold, the sample is finite, and it
+lies on the person (segmentation class not background, or matte alpha >= 0.5, when one of them
+runs). Invalid points are zeros with valid=False: nothing non-finite ever leaves. Each person's root
+is the mean of its valid hip points (Sapiens2 has no pelvis keypoint); ``relative`` gives
+root-relative coordinates.
+
+Units and axes are the model's: the reference (transformers' ``Sapiens2ForPointmapEstimation``)
+documents the map as XYZ in canonical camera space, converted to metric coordinates by the
+division by its scale output (canonical focal length / actual focal length); a checkpoint without
+the scale branch gives canonical, not metric, values. The reference does not name the axis
+directions; docs/WIRE.md says what we know and what to check with real weights.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class Lift:
+    """How keypoints are lifted: sampling window (1: bilinear), score threshold, mask rule."""
+
+    window: int = 1
+    threshold: float = 0.3
+    hips: tuple[int, int] = (9, 10)  # Sapiens2's left_hip, right_hip (stages.metadata names them)
+
+    def __post_init__(self) -> None:
+        if self.window < 1 or self.window % 2 == 0:
+            raise ValueError(f"window must be an odd number >= 1, got {self.window}")
+
+
+def sample_bilinear(points: Tensor, xy: Tensor) -> Tensor:
+    """points (H, W, C) at xy (P, K, 2) pixel coordinates -> (P, K, C) float32, bilinear, clamped to the map.
+
+    Reads only the four pixels around each keypoint (no pass over the whole map); a pixel whose
+    weight is zero does not count, so a keypoint on a whole pixel gets exactly that pixel's value.
+    """
+    h, w, _ = points.shape
+    x = xy[..., 0].float().clamp(0, w - 1)
+    y = xy[..., 1].float().clamp(0, h - 1)
+    x0, y0 = x.floor().long(), y.floor().long()
+    x1, y1 = (x0 + 1).clamp(max=w - 1), (y0 + 1).clamp(max=h - 1)
+    fx, fy = (x - x0)[..., None], (y - y0)[..., None]  # (P, K, 1)
+    out = torch.zeros((*xy.shape[:-1], points.shape[-1]), dtype=torch.float32, device=points.device)
+    for ys, xs, weight in ((y0, x0, (1 - fx) * (1 - fy)), (y0, x1, fx * (1 - fy)), (y1, x0, (1 - fx) * fy),
+                           (y1, x1, fx * fy)):
+        out = out + torch.where(weight > 0, weight * points[ys, xs].float(), 0.0)
+    return out
+
+
+def _on_person_at(ys: Tensor, xs: Tensor, seg: Tensor | None, alpha: Tensor | None, background: int) -> Tensor | None:
+    """Whether the pixels (ys, xs) are on a person: segmentation class not background, else matte
+    alpha >= 0.5; None when neither map runs."""
+    if seg is not None:
+        return seg[ys, xs] != background
+    if alpha is not None:
+        return alpha[ys, xs] >= 0.5
+    return None
+
+
+def _nearest(xy: Tensor, h: int, w: int) -> tuple[Tensor, Tensor]:
+    return xy[..., 1].round().long().clamp(0, h - 1), xy[..., 0].round().long().clamp(0, w - 1)
+
+
+def sample_median(points: Tensor, xy: Tensor, window: int, seg: Tensor | None = None, alpha: Tensor | None = None,
+                  background: int = 0) -> Tensor:
+    """Per-axis median of the usable pixels (finite, and on the person when seg or alpha is given)
+    in a window x window neighbourhood of each keypoint's nearest pixel -> (P, K, C); NaN where
+    none is usable. The lower of the two middle values when the count is even (torch's median)."""
+    h, w, _ = points.shape
+    r = window // 2
+    offsets = torch.arange(-r, r + 1, device=points.device)
+    cy, cx = _nearest(xy, h, w)  # (P, K)
+    ys = (cy[..., None, None] + offsets[:, None]).clamp(0, h - 1).expand(*cy.shape, window, window)
+    xs = (cx[..., None, None] + offsets[None, :]).clamp(0, w - 1).expand(*cx.shape, window, window)
+    patch = points[ys, xs].float()  # (P, K, k, k, C)
+    ok = torch.isfinite(patch).all(dim=-1)  # (P, K, k, k)
+    person = _on_person_at(ys, xs, seg, alpha, background)
+    if person is not None:
+        ok = ok & person
+    patch = torch.where(ok[..., None], patch, torch.full_like(patch, float("nan")))
+    return patch.flatten(2, 3).nanmedian(dim=2).values  # (P, K, C)
+
+
+def on_person(xy: Tensor, seg: Tensor | None, alpha: Tensor | None, background: int = 0) -> Tensor | None:
+    """(P, K) bool: the keypoint's nearest pixel is on a person (segmentation class not background,
+    or matte alpha >= 0.5); None when neither map runs."""
+    mask = seg if seg is not None else alpha
+    if mask is None:
+        return None
+    ys, xs = _nearest(xy, *mask.shape[:2])
+    return _on_person_at(ys, xs, seg, alpha, background)
+
+
+def lift(points: Tensor, xy: Tensor, scores: Tensor, lift: Lift = Lift(), seg: Tensor | None = None,
+         alpha: Tensor | None = None, background: int = 0) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Keypoints (P, K, 2) of one frame into its pointmap (H, W, 3).
+
+    Returns xyz (P, K, 3) float32 (zeros where invalid), valid (P, K) bool, root (P, 3) float32
+    (zeros where invalid) and root_valid (P,) bool; all on the device, no host sync. Work grows
+    with the keypoints (and the window), not with the frame: nothing passes over the whole map.
+    """
+    if lift.window == 1:
+        xyz = sample_bilinear(points, xy)
+    else:
+        xyz = sample_median(points, xy, lift.window, seg, alpha, background)
+    valid = (scores >= lift.threshold) & torch.isfinite(xyz).all(dim=-1)  # (P, K)
+    person = on_person(xy, seg, alpha, background)
+    if person is not None:
+        valid = valid & person
+    xyz = torch.where(valid[..., None], xyz, torch.zeros_like(xyz)).float()
+    a, b = lift.hips  # integer indexing: no index tensor made from host data
+    hips = torch.stack((valid[:, a], valid[:, b]), dim=1)  # (P, 2)
+    hip_points = torch.stack((xyz[:, a], xyz[:, b]), dim=1)  # (P, 2, 3)
+    count = hips.sum(dim=1, keepdim=True)  # (P, 1)
+    root_valid = count[:, 0] > 0
+    root = (hip_points * hips[..., None]).sum(dim=1) / count.clamp(min=1)  # (P, 3)
+    return xyz, valid, root.float(), root_valid
+
+
+def relative(xyz: Tensor, valid: Tensor, root: Tensor, root_valid: Tensor) -> tuple[Tensor, Tensor]:
+    """Root-relative coordinates (P, K, 3) and their validity (a point and its person's root valid)."""
+    ok = valid & root_valid[:, None]
+    rel = torch.where(ok[..., None], xyz - root[:, None, :], torch.zeros_like(xyz))
+    return rel, ok
