@@ -24,6 +24,8 @@ from sapiens2_client.jsonl import JsonlError, LineWriter
 from sapiens2_client.video import FRAGMENTED
 from stages.annotate import MatteAnnotator, SkeletonAnnotator, compose_annotators
 from stages.detector import check_detector_model
+from stages.keypoints3d import Lift
+from stages.metadata import load_metadata
 from stages.smoothing import KeypointSmoother
 from stages.types import FrameResult
 
@@ -179,8 +181,10 @@ def preflight(cfg: RunConfig, specs: list[SourceSpec] | None = None) -> None:
     ids = [s.id or "src" for s in specs]
     if cfg.record:
         if several and "{source}" not in cfg.record:
+            record = Path(cfg.record)
+            example = record.with_name(record.stem + "_{source}" + record.suffix)
             raise ConfigError(f"record: with several sources each needs a file: put {{source}} in the path, e.g. "
-                              f"{Path(cfg.record).with_name(Path(cfg.record).stem + '_{source}' + Path(cfg.record).suffix)}")
+                              f"{example}")
         for sid in ids:
             check_output_path(expand(cfg.record, sid), "record", RECORD_SUFFIXES)
     if cfg.save_keypoints:
@@ -412,7 +416,7 @@ def assemble(cfg: RunConfig, sources: Source | list[Source], stages: Stages, sin
 
     smoother = KeypointSmoother(cfg.smooth_min_cutoff, cfg.smooth_beta) if cfg.smooth else None
     engine = FrameEngine(stages, cfg.kpt_threshold, cfg.detect_every, smoother, pinned=cfg.pinned_memory,
-                         track=cfg.track)
+                         track=cfg.track, keypoints3d=lift_of(cfg), pointmap_every=cfg.pointmap_every)
     if cfg.compile != "off" or stages.device.type == "cuda":
         # Every input shape once before the first frame, each stage on the stream that runs it:
         # compiles, CUDA-graph recording and cuDNN autotuning happen here, not mid-stream.
@@ -438,12 +442,21 @@ def assemble(cfg: RunConfig, sources: Source | list[Source], stages: Stages, sin
     return runner, display
 
 
+def lift_of(cfg: RunConfig) -> Lift | None:
+    """How keypoints are lifted into 3D (None: --keypoints3d is off): window, threshold, the hips."""
+    if not cfg.keypoints3d:
+        return None
+    meta = load_metadata()
+    hips = (meta.keypoint_index("left_hip"), meta.keypoint_index("right_hip"))
+    return Lift(cfg.keypoints3d_window, cfg.kpt_threshold, hips)
+
+
 def _annotation_layers(cfg: RunConfig) -> list:
     """The configured layers whose task runs, styled from the config (matte background, threshold)."""
     layer_task = {"matte": "matting", "seg": "seg", "pose": "pose", "boxes": "pose"}
     layers: list = []
     for layer in cfg.annotate:
-        if layer in layer_task and layer_task[layer] not in cfg.tasks:
+        if layer in layer_task and layer_task[layer] not in cfg.tasks or layer == "side3d" and not cfg.keypoints3d:
             continue
         if layer == "matte":
             layers.append(MatteAnnotator(matte_background(cfg.matte_background), cfg.matte_mode))

@@ -28,7 +28,7 @@ from stages.sapiens2.fastpath import ATTENTION_BACKENDS, COMPILE_MODES
 __all__ = ["ConfigError", "RunConfig", "load_config", "merge", "option"]
 
 RECORD_CODECS = ("libx264", "h264", "mpeg4", "h264_nvenc", "hevc_nvenc")  # as pipeline.sinks.recorder accepts them
-ANNOTATION_LAYERS = ("matte", "seg", "boxes", "pose", "hud")
+ANNOTATION_LAYERS = ("matte", "seg", "boxes", "pose", "side3d", "hud")  # side3d: the 3D inset (--keypoints3d)
 DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 AUTO_KEYS = ("channels_last",)  # bool-or-null keys where "auto" (or null) means: decided by the device
 
@@ -141,6 +141,12 @@ class RunConfig:
     smooth: bool = option(False, "One-Euro smoothing per track id")
     smooth_min_cutoff: float = option(1.0, "One-Euro minimum cutoff (Hz)")
     smooth_beta: float = option(0.05, "One-Euro speed coefficient")
+    keypoints3d: bool = option(False, "3D keypoints: each person's keypoints sampled from the pointmap (adds the "
+                                      "pointmap task; needs pose)")
+    keypoints3d_window: int = option(1, "3D sample per keypoint: 1 = bilinear at the keypoint; an odd N = median "
+                                        "of the valid pixels in the NxN window around it", metavar="N")
+    pointmap_every: int = option(1, "run the pointmap every N frames; the frames between sample the last map",
+                                 metavar="N")
     # outputs
     record: str | None = option(None, "write the annotated video here (.mp4, .mkv, .mov)")
     record_fragment_s: float = option(1.0, "at most this many seconds of a recording are lost if the process "
@@ -163,7 +169,7 @@ class RunConfig:
     metrics: str | None = option(None, "serve Prometheus /metrics, /healthz and /readyz on HOST:PORT "
                                        "(e.g. 127.0.0.1:9108)")
     annotate: list[str] = option(help="layers drawn on recorded/published frames, bottom-up",
-                                 factory=lambda: ["matte", "seg", "boxes", "pose", "hud"])
+                                 factory=lambda: ["matte", "seg", "boxes", "pose", "side3d", "hud"])
     matte_mode: str = option("composite", "how the matte puts people on the background",
                              choices=["composite", "replace"])
     matte_background: str = option("0,177,64", "R,G,B colour or an image file behind the person (with matting)")
@@ -184,7 +190,15 @@ class RunConfig:
             choices = value.metadata.get("choices")
             if choices and getattr(self, key) not in choices:
                 raise ConfigError(f"{key}: {getattr(self, key)!r} is not one of {', '.join(choices)}")
-        for key, low in (("detect_every", 1), ("max_persons", 1), ("max_frames", 1), ("det_imgsz", 32)):
+        if self.keypoints3d:
+            if "pose" not in self.tasks:
+                raise ConfigError("keypoints3d: needs the pose task (the 2D keypoints it lifts); add pose to tasks")
+            if "pointmap" not in self.tasks:
+                self.tasks = [*self.tasks, "pointmap"]
+        if not (1 <= self.keypoints3d_window <= 31 and self.keypoints3d_window % 2):
+            raise ConfigError(f"keypoints3d_window: must be an odd number within 1..31, got {self.keypoints3d_window}")
+        for key, low in (("detect_every", 1), ("max_persons", 1), ("max_frames", 1), ("det_imgsz", 32),
+                         ("pointmap_every", 1)):
             value = getattr(self, key)
             if value is not None and value < low:
                 raise ConfigError(f"{key}: must be at least {low}, got {value}")

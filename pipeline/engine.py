@@ -18,6 +18,12 @@ detector skips. Carried boxes are computed on the device from the pose output of
 (``carry_boxes``) in the same person order as the scores and track ids they keep, so with
 pipelining (step t submitted before step t-1 finished) they are already there and never mixed up.
 
+3D keypoints (``keypoints3d``): after pose, each person's keypoints are sampled from the frame's
+pointmap on the pose stream (which waits for the pointmap, segmentation and matting streams of
+the same step: segmentation or matte decide what is on the person), batched over persons and
+keypoints (stages.keypoints3d). With ``pointmap_every > 1`` a source's pointmap forward runs on
+every N-th frame and the frames between sample the map kept from the last one.
+
 Non-finite outputs: every output tensor of every stage (pose keypoints and scores, pointmap scale,
 ...) is checked on the device; the flag travels with the results. In float16, a stage whose output
 is not finite falls back to bfloat16 (said once) and the step's stage is computed again; in other
@@ -37,16 +43,18 @@ import torch
 from torch import Tensor
 
 from stages.detector import ByteTracker, carry_boxes
+from stages.keypoints3d import Lift, lift
 from stages.sapiens2.estimators import NonFiniteOutputError
 from stages.sapiens2.preprocess import to_device_image, upload
 from stages.smoothing import KeypointSmoother
-from stages.types import Detections, Frame, FrameResult, Keypoints, Matte
+from stages.types import Detections, Frame, FrameResult, Keypoints, Keypoints3D, Matte
 
 from .stages_setup import Stages
 
 log = logging.getLogger(__name__)
 
 DENSE_STREAMS = (("seg", "seg"), ("matting", "matting"), ("normal", "dense"), ("pointmap", "dense"))
+MAPS_3D = ("pointmap", "seg", "matting")  # the device maps the 3D step reads (segmentation/matte: on the person)
 STREAM_NAMES = ("upload", "detect", "seg", "matting", "dense", "pose")
 
 
@@ -101,6 +109,10 @@ class SourceState:
     carry: Carry | None = None
     tracker: ByteTracker | None = None
     smoother: KeypointSmoother | None = None
+    smoother3d: KeypointSmoother | None = None
+    pointmap: Tensor | None = None  # (H, W, 3) on the device: the last one computed (pointmap_every)
+    pointmap_host: Tensor | None = None  # its host copy (the frames that reuse it do not download it again)
+    since_pointmap: int = 0
 
 
 @dataclass
@@ -114,6 +126,8 @@ class FrameWork:
     boxes: Tensor | None = None  # (N, 4) the boxes pose ran on, on the device
     persons: slice = field(default_factory=lambda: slice(0, 0))  # this frame's rows in the step's person batch
     outputs: dict[str, Tensor] = field(default_factory=dict)  # host (pinned) tensors of the dense stages
+    maps: dict[str, Tensor] = field(default_factory=dict)  # device maps the 3D step reads (MAPS_3D)
+    pointmap_due: bool = False  # this step runs the frame's pointmap forward (else: its source's last map)
 
 
 @dataclass
@@ -125,6 +139,7 @@ class Pending:
     outputs: dict[str, Tensor] = field(default_factory=dict)  # host tensors of the step (pose, finite flags)
     done: list = field(default_factory=list)  # events to wait for (CUDA only)
     host_ms: dict[str, float] = field(default_factory=dict)
+    dense_done: list = field(default_factory=list)  # events of the dense stages (the 3D step waits for them)
 
     def wait(self) -> None:
         for event in self.done:
@@ -137,7 +152,7 @@ class FrameEngine:
 
     def __init__(self, stages: Stages, kpt_threshold: float = 0.3, detect_every: int = 1,
                  smoother: KeypointSmoother | None = None, overlap: bool = True, pinned: bool = True,
-                 track: bool = False) -> None:
+                 track: bool = False, keypoints3d: Lift | None = None, pointmap_every: int = 1) -> None:
         self.stages = stages
         self.pinned = pinned  # page-locked staging for uploads and downloads (off: pageable, host waits)
         self.device = stages.device
@@ -146,6 +161,12 @@ class FrameEngine:
         self.detect_every = detect_every
         self.track = track
         self._smoother_template = smoother  # copied per source (its parameters, not its state)
+        if keypoints3d is not None and not {"pose", "pointmap"} <= set(stages.estimators):
+            raise ValueError("keypoints3d needs the pose and pointmap stages")
+        self.keypoints3d = keypoints3d
+        # metric 3D when the pointmap model divides by its predicted scale; canonical camera space otherwise
+        self.metric3d = keypoints3d is not None and bool(stages.estimators["pointmap"].model.cfg.head.has_scale)
+        self.pointmap_every = max(1, pointmap_every)
         self.sources: dict[str, SourceState] = {}
         graphs = [t for t, est in stages.estimators.items() if est.fastpath.cuda_graphs]
         if self.cuda and overlap and graphs:
@@ -175,9 +196,11 @@ class FrameEngine:
     def state(self, source_id: str) -> SourceState:
         if source_id not in self.sources:
             tmpl = self._smoother_template
-            smoother = None if tmpl is None else KeypointSmoother(tmpl.min_cutoff, tmpl.beta, tmpl.d_cutoff,
+            def copy() -> KeypointSmoother | None:
+                return None if tmpl is None else KeypointSmoother(tmpl.min_cutoff, tmpl.beta, tmpl.d_cutoff,
                                                                   tmpl.max_age_s)
-            self.sources[source_id] = SourceState(tracker=ByteTracker() if self.track else None, smoother=smoother)
+            self.sources[source_id] = SourceState(tracker=ByteTracker() if self.track else None, smoother=copy(),
+                                                  smoother3d=copy() if self.keypoints3d is not None else None)
         return self.sources[source_id]
 
     @property
@@ -210,6 +233,7 @@ class FrameEngine:
             if work.frame.session != state.submitted_session:
                 state.submitted_session = work.frame.session  # a new stream: nothing carries over
                 state.carry, state.since_detect = None, 0
+                state.pointmap, state.since_pointmap = None, 0
                 if state.tracker is not None:
                     state.tracker.reset()
         # Full-frame stages start right after the upload, before the detector has run.
@@ -224,19 +248,54 @@ class FrameEngine:
             self._pose(pending, uploaded)
         return pending
 
-    def _dense(self, pending: Pending, task: str, stream_name: str, uploaded) -> None:
+    def _dense(self, pending: Pending, task: str, stream_name: str, uploaded, redo: bool = False) -> None:
         est = self.stages.estimators[task]
         with self._stream(stream_name):
             for work in pending.frames:
                 self._wait(uploaded, stream_name, work.image)
+            if task != "pointmap":
+                due = list(pending.frames)
+            elif redo:  # the same frames as the first time (the counters have moved on already)
+                due = [w for w in pending.frames if w.pointmap_due]
+            else:
+                due = self._pointmap_due(pending.frames)
             clock = pending.clock
             clock.start(task, self.streams.get(stream_name))
-            per_frame, checked = est.run_batch([w.image for w in pending.frames])
+            per_frame, checked = est.run_batch([w.image for w in due]) if due else ([], [])
             clock.stop(task, self.streams.get(stream_name))
-            self._download(pending, pending.outputs, f"{task}.finite", all_finite(checked), stream_name)
-            for work, outputs in zip(pending.frames, per_frame):
+            if checked:
+                self._download(pending, pending.outputs, f"{task}.finite", all_finite(checked), stream_name)
+            for work, outputs in zip(due, per_frame):
                 for name, tensor in outputs.items():
+                    if name in MAPS_3D:
+                        work.maps[name] = tensor
                     self._download(pending, work.outputs, name, tensor, stream_name)
+                if task == "pointmap":
+                    state = self.state(work.frame.source_id)
+                    state.pointmap, state.pointmap_host = outputs["pointmap"], work.outputs["pointmap"]
+            if task == "pointmap":  # between pointmap frames: the map (and its host copy) kept from the last one
+                for work in pending.frames:
+                    if not work.pointmap_due:
+                        state = self.state(work.frame.source_id)
+                        work.maps["pointmap"], work.outputs["pointmap"] = state.pointmap, state.pointmap_host
+            if self.cuda:
+                event = torch.cuda.Event()
+                event.record(self.streams[stream_name])
+                pending.dense_done.append(event)
+
+    def _pointmap_due(self, frames: list[FrameWork]) -> list[FrameWork]:
+        """The frames whose source runs its pointmap forward now (every ``pointmap_every``-th frame)."""
+        due = []
+        for work in frames:
+            state = self.state(work.frame.source_id)
+            if state.pointmap is None or state.since_pointmap + 1 >= self.pointmap_every \
+                    or tuple(state.pointmap.shape[:2]) != (work.frame.height, work.frame.width):
+                state.since_pointmap = 0
+                work.pointmap_due = True
+                due.append(work)
+            else:
+                state.since_pointmap += 1
+        return due
 
     def _detect(self, works: list[FrameWork]) -> None:
         """Detector for the frames that are due (one batch), carried boxes for the others."""
@@ -292,9 +351,33 @@ class FrameEngine:
             self._download(pending, pending.outputs, "pose.xy", xy, "pose")
             self._download(pending, pending.outputs, "pose.scores", scores, "pose")
             self._download(pending, pending.outputs, "pose.boxes", boxes_t, "pose")
+            if self.keypoints3d is not None:
+                self._lift(pending, with_persons, xy, scores)
         for work in pending.frames:  # nothing to carry from a frame without persons: detect next time
             if not len(work.detections):
                 self.state(work.frame.source_id).carry = None
+
+    def _lift(self, pending: Pending, works: list[FrameWork], xy: Tensor, scores: Tensor) -> None:
+        """Sample each frame's pointmap at its persons' keypoints (on the pose stream, after the
+        step's dense stages), one frame at a time (frames may differ in size)."""
+        if self.cuda:
+            for event in pending.dense_done:
+                self.streams["pose"].wait_event(event)
+        pending.clock.start("keypoints3d", self.streams.get("pose"))
+        background = int(self.stages.background_id)
+        parts = []
+        for work in works:
+            rows = work.persons
+            maps = work.maps
+            if self.cuda:
+                for tensor in maps.values():
+                    tensor.record_stream(self.streams["pose"])
+            parts.append(lift(maps["pointmap"], xy[rows], scores[rows], self.keypoints3d, maps.get("seg"),
+                              maps.get("matting"), background))
+        xyz, valid, root, root_valid = (torch.cat(t) for t in zip(*parts))
+        pending.clock.stop("keypoints3d", self.streams.get("pose"))
+        for name, tensor in (("xyz", xyz), ("xyz_valid", valid), ("root", root), ("root_valid", root_valid)):
+            self._download(pending, pending.outputs, f"pose.{name}", tensor, "pose")
 
     # -- finishing ------------------------------------------------------------------------
     def finish_batch(self, pending: Pending, random_weights: bool) -> list[FrameResult]:
@@ -314,23 +397,44 @@ class FrameEngine:
         state = self.state(frame.source_id)
         if frame.session != state.finished_session:
             state.finished_session = frame.session
-            if state.smoother is not None:
-                state.smoother.reset()
+            for smoother in (state.smoother, state.smoother3d):
+                if smoother is not None:
+                    smoother.reset()
         out = {k: v.numpy() for k, v in work.outputs.items()}
-        keypoints = None
+        keypoints = keypoints3d = None
         if "pose" in self.stages.estimators:
+            num_keypoints = self.stages.estimators["pose"].model.cfg.num_labels
             if len(det) and "pose.xy" in host:
                 xy, scores = host["pose.xy"][work.persons], host["pose.scores"][work.persons]
                 det = Detections(host["pose.boxes"][work.persons], det.scores, det.track_ids)
                 if state.smoother is not None:
                     xy = state.smoother(xy, det.track_ids, frame.capture_ns / 1e9)
                 keypoints = Keypoints(xy, scores)
+                if "pose.xyz" in host:
+                    keypoints3d = self._keypoints3d(host, work, state, det, frame)
             else:
-                keypoints = Keypoints.empty(self.stages.estimators["pose"].model.cfg.num_labels)
+                keypoints = Keypoints.empty(num_keypoints)
+                if self.keypoints3d is not None:
+                    keypoints3d = Keypoints3D.empty(num_keypoints, self.metric3d)
         matte = Matte(out["matting"], out["matting.fg"]) if "matting" in out else None
         return FrameResult(frame=frame, detections=det, keypoints=keypoints, seg=out.get("seg"), matte=matte,
-                           normals=out.get("normal"), pointmap=out.get("pointmap"), latency_ms=dict(latency),
-                           random_weights=random_weights)
+                           normals=out.get("normal"), pointmap=out.get("pointmap"), keypoints3d=keypoints3d,
+                           latency_ms=dict(latency), random_weights=random_weights)
+
+    def _keypoints3d(self, host: dict[str, np.ndarray], work: FrameWork, state: SourceState, det: Detections,
+                     frame: Frame) -> Keypoints3D:
+        rows = work.persons
+        xyz, valid = host["pose.xyz"][rows], host["pose.xyz_valid"][rows].astype(bool)
+        root, root_valid = host["pose.root"][rows], host["pose.root_valid"][rows].astype(bool)
+        if state.smoother3d is not None:  # a point that is not valid holds its track's last value
+            smoothed = state.smoother3d(np.where(valid[..., None], xyz, np.nan), det.track_ids, frame.capture_ns / 1e9)
+            xyz = np.where(valid[..., None] & np.isfinite(smoothed), smoothed, 0.0).astype(np.float32)
+            hips = list(self.keypoints3d.hips)
+            count = valid[:, hips].sum(axis=1)
+            root_valid = count > 0
+            root = np.where(root_valid[:, None], (xyz[:, hips] * valid[:, hips, None]).sum(axis=1)
+                            / np.maximum(count, 1)[:, None], 0.0).astype(np.float32)
+        return Keypoints3D(xyz, valid, root, root_valid, self.metric3d)
 
     def _ensure_finite(self, pending: Pending) -> None:
         """Every stage's flag; in float16 a failing stage falls back to bfloat16 and runs again."""
@@ -351,7 +455,13 @@ class FrameEngine:
                 if task == "pose":
                     self._pose(redo, None)
                 else:
-                    self._dense(redo, task, stream_of[task], None)
+                    self._dense(redo, task, stream_of[task], None, redo=True)
+                    if self.keypoints3d is not None and task in MAPS_3D and "pose.xy" in pending.outputs:
+                        redo.wait()  # the 3D step again, on the new maps and this step's keypoints
+                        with_persons = [w for w in pending.frames if len(w.detections)]
+                        xy, scores = (pending.outputs[k].to(self.device) for k in ("pose.xy", "pose.scores"))
+                        with self._stream("pose"):
+                            self._lift(redo, with_persons, xy, scores)
             redo.wait()
             if not bool(redo.outputs[name]):
                 raise NonFiniteOutputError(f"{task}: non-finite output in float16 and in bfloat16; "

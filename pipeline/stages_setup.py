@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from stages.detector import Detector, DetectorError, FullFrameDetector, PersonDetector
+from stages.metadata import load_metadata
 from stages.sapiens2.estimators import ESTIMATORS
 from stages.sapiens2.fastpath import FastPath
 from stages.sapiens2.tiny import make_tiny
@@ -31,6 +32,7 @@ class Stages:
     estimators: dict = field(default_factory=dict)  # task -> estimator
     random_weights: bool = False
     notes: list[str] = field(default_factory=list)  # one-line facts the CLI shows (fallbacks)
+    background_id: int = 0  # the segmentation class that is not a person
     warmup_s: dict[str, float] = field(default_factory=dict)  # task -> start-up warm-up (compile) seconds
 
 
@@ -117,7 +119,8 @@ def build_stages(cfg: RunConfig, device: torch.device | None = None) -> Stages:
         estimators[task] = ESTIMATORS[task](model, input_size=_input_size(task, cfg, model), fastpath=fastpath,
                                             **kwargs)
     random = any(e.random_weights for e in estimators.values()) or detector.random_weights
-    return Stages(device, detector, estimators, random, notes)
+    background = list(load_metadata().seg_class_names).index("Background")
+    return Stages(device, detector, estimators, random, notes, background_id=background)
 
 
 def fastpath_from(cfg: RunConfig) -> FastPath:

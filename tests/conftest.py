@@ -37,7 +37,7 @@ def tiny(cli_env: dict[str, str], cache_dir: Path, tmp_path_factory: pytest.Temp
     cwd = tmp_path_factory.mktemp("make-tiny")
     procs = {task: subprocess.Popen([*CLI, "weights", "make-tiny", str(cache_dir / "tiny" / task), "--task", task],
                                     env=cli_env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for task in ("pose", "seg", "matting")}
+             for task in ("pose", "seg", "matting", "pointmap")}
     for task, proc in procs.items():
         try:
             out, err = proc.communicate(timeout=RUN_TIMEOUT_S)
@@ -49,3 +49,4 @@ def tiny(cli_env: dict[str, str], cache_dir: Path, tmp_path_factory: pytest.Temp
         assert "RANDOM" in out
         assert (cache_dir / "tiny" / task / "model.safetensors").is_file()
     return cache_dir / "tiny"
+

@@ -19,6 +19,7 @@ import torch
 
 from pipeline.engine import FrameEngine
 from pipeline.stages_setup import Stages
+from stages.keypoints3d import Lift
 from stages.sapiens2 import load_model
 from stages.sapiens2.estimators import ESTIMATORS
 from stages.sapiens2.tiny import make_tiny
@@ -39,12 +40,17 @@ class TwoPeople:
 @pytest.fixture(scope="module", params=["select", "per-box"])
 def engine(tmp_path_factory, request):
     estimators = {}
-    for task in ("pose", "seg", "matting", "normal"):
-        folder = make_tiny(tmp_path_factory.mktemp(task), task, image_size=(64, 48))
+    for task in ("pose", "seg", "matting", "normal", "pointmap"):
+        arch = {} if task == "pointmap" else {"image_size": (64, 48)}  # its scale branch needs its own size
+        model = load_model(make_tiny(tmp_path_factory.mktemp(task), task, **arch), device="cpu")
         kwargs = {"crop_sampling": request.param} if task == "pose" else {}
-        estimators[task] = ESTIMATORS[task](load_model(folder, device="cpu"), **kwargs)
-    # detect_every=2: the second frame takes the boxes carried on the device from the first one's keypoints
-    return FrameEngine(Stages(torch.device("cpu"), TwoPeople(), estimators), detect_every=2)
+        if task == "pointmap":
+            kwargs["input_size"] = tuple(model.cfg.image_size)  # fixed by the scale branch
+        estimators[task] = ESTIMATORS[task](model, **kwargs)
+    # detect_every=2: the second frame takes the boxes carried on the device from the first one's
+    # keypoints; pointmap_every=2: the second frame samples the first one's pointmap in 3D
+    return FrameEngine(Stages(torch.device("cpu"), TwoPeople(), estimators), detect_every=2,
+                       keypoints3d=Lift(), pointmap_every=2)
 
 
 def _frame(i: int) -> Frame:
@@ -74,3 +80,4 @@ def test_warm_engine_makes_no_tensors_from_host_data(engine, monkeypatch):
     engine.finish(pendings[1], False)
     assert result.keypoints.xy.shape == (2, 308, 2) and result.seg.shape == (100, 120)
     assert result.matte is not None and result.normals.shape == (100, 120, 3)
+    assert result.keypoints3d.xyz.shape == (2, 308, 3) and result.pointmap.shape == (100, 120, 3)

@@ -200,6 +200,9 @@ def test_a_failed_start_leaves_existing_outputs_and_loads_no_model(cli_env: dict
         (["--source-id", "cam.0"], ["source_id"]),
         (["--kpt-threshold", "-1"], ["kpt_threshold"]),
         (["--device", "tpu"], ["tpu"]),
+        (["--tasks", "seg", "--keypoints3d"], ["keypoints3d", "pose"]),
+        (["--keypoints3d", "--keypoints3d-window", "4"], ["keypoints3d_window", "odd"]),
+        (["--keypoints3d", "--pointmap-every", "0"], ["pointmap_every", "at least 1"]),
     ],
     ids=lambda v: " ".join(v) if isinstance(v, list) and v and v[0].startswith("--") else None,
 )

@@ -4,11 +4,11 @@ environment the tests run in has exactly those."""
 from __future__ import annotations
 
 import re
-import tomllib
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import pytest
+import tomllib
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -24,7 +24,8 @@ def result_to_record(result: FrameResult, random_weights: bool = False) -> dict[
                            width=frame.width, height=frame.height,
                            random_weights=bool(result.random_weights or random_weights), boxes=det.boxes,
                            box_scores=det.scores, track_ids=det.track_ids,
-                           keypoints=None if kp is None else kp.xy, scores=None if kp is None else kp.scores)
+                           keypoints=None if kp is None else kp.xy, scores=None if kp is None else kp.scores,
+                           keypoints3d=result.keypoints3d)
 
 
 class KeypointWriter:
