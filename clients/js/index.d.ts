@@ -23,6 +23,8 @@ export const BROKER_XSUB: string;
 export const BROKER_XPUB: string;
 /** name -> [dtype, shape in terms of N persons and K keypoints] */
 export const KEYPOINT_PARTS: Readonly<Record<string, readonly [Dtype, readonly (string | number)[]]>>;
+/** The optional 3D group of a keypoints message: keypoints3d, keypoints3d_valid, root3d, root3d_valid. */
+export const KEYPOINT3D_PARTS: Readonly<Record<string, readonly [Dtype, readonly (string | number)[]]>>;
 export const IMAGE_PART: Readonly<{ frame: "image"; seg: "classes"; matte: "alpha" }>;
 
 /** A message does not follow the wire format; the decoder throws this and nothing else for bad bytes. */
@@ -140,6 +142,8 @@ export interface KeypointsMessage extends MessageBase {
   box_scores: Float32Array;
   /** -1 when untracked */
   track_ids: BigInt64Array;
+  /** 3D keypoints when the publisher lifts them (--keypoints3d), else null. */
+  keypoints3d: Keypoints3D | null;
   shapes: {
     keypoints: [number, number, 2];
     keypoint_scores: [number, number];
@@ -147,6 +151,19 @@ export interface KeypointsMessage extends MessageBase {
     box_scores: [number];
     track_ids: [number];
   };
+}
+
+/**
+ * The persons' keypoints in the camera's 3D frame (docs/WIRE.md, "3D keypoints"): xyz (N, K, 3)
+ * float32, zeros where not valid; valid (N, K) 1/0; root (N, 3), the mean of the valid hips;
+ * root_valid (N,) 1/0; metric: metric values (the model's scale branch), else canonical.
+ */
+export interface Keypoints3D {
+  xyz: Float32Array;
+  valid: Uint8Array;
+  root: Float32Array;
+  root_valid: Uint8Array;
+  metric: boolean;
 }
 
 /** The annotated picture (a JPEG, RGB). */

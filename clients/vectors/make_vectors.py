@@ -76,6 +76,19 @@ def _keypoint_parts(n: int, k: int = 308) -> list[wire.Part]:
     ]
 
 
+def _keypoint3d_parts(n: int, k: int = 308) -> list[wire.Part]:
+    """The optional 3D group: some points and one root not valid (zeros there)."""
+    rng = np.random.default_rng(100 + n)
+    valid = (rng.random((n, k)) > 0.2).astype(np.uint8)
+    xyz = np.where(valid[..., None] == 1, rng.standard_normal((n, k, 3)).astype(np.float32) + np.float32([0, 0, 3]),
+                   np.float32(0))
+    root_valid = np.ones(n, np.uint8)
+    root_valid[-1:] = 0
+    root = np.where(root_valid[:, None] == 1, xyz[:, 9:11].mean(axis=1), 0).astype(np.float32)
+    return [wire.Part("keypoints3d", xyz.astype("<f4")), wire.Part("keypoints3d_valid", valid),
+            wire.Part("root3d", root), wire.Part("root3d_valid", root_valid)]
+
+
 def _image() -> np.ndarray:
     y, x = np.mgrid[0:16, 0:24]
     return np.stack([x * 10, y * 14, (x + y) * 5], axis=-1).astype(np.uint8)  # smooth: JPEG stays close
@@ -146,6 +159,10 @@ def cases() -> list[dict[str, Any]]:
                                                                       "num_keypoints": 308}, _keypoint_parts(0), **enc))
     good("keypoints_not_computed", wire.encode("keypoints", "cam0", {**_meta(), "num_persons": 1, "num_keypoints": 0},
                                                _keypoint_parts(1, k=0), **enc))
+    kp3d = wire.encode("keypoints", "cam0", {**_meta(), "num_persons": 2, "num_keypoints": 308,
+                                             "keypoints3d_metric": True},
+                       _keypoint_parts(2) + _keypoint3d_parts(2), **enc)
+    good("keypoints_with_3d", kp3d)
     image = _image()
     good("frame_jpeg", wire.encode("frame", "cam0", {**_meta(), "annotated": True},
                                    [wire.Part("image", image, "jpeg")], jpeg_quality=95, **enc),
@@ -180,6 +197,19 @@ def cases() -> list[dict[str, Any]]:
     bad("drops_hold_bytes", _mutate(kp, drops={"source": b"\x00\x01"}), "field")
     bad("capture_ns_negative", _mutate(kp, capture_ns=-5), "field")
     bad("parts_count_differs", kp[:-1], "parts")
+    bad("keypoints3d_group_incomplete",
+        wire.encode("keypoints", "cam0", {**_meta(), "num_persons": 2, "num_keypoints": 308},
+                    _keypoint_parts(2) + _keypoint3d_parts(2)[:1], **enc), "parts")
+    three = _keypoint3d_parts(3)
+    bad("keypoints3d_persons_differ",
+        wire.encode("keypoints", "cam0", {**_meta(), "num_persons": 2, "num_keypoints": 308},
+                    _keypoint_parts(2) + _keypoint3d_parts(2)[:2] + three[2:], **enc), "shape")
+    bad("keypoints3d_valid_not_bytes",
+        wire.encode("keypoints", "cam0", {**_meta(), "num_persons": 2, "num_keypoints": 308},
+                    _keypoint_parts(2) + [p if p.name != "keypoints3d_valid" else
+                                          wire.Part(p.name, p.array.astype(np.float32))
+                                          for p in _keypoint3d_parts(2)], **enc), "shape")
+    bad("keypoints3d_metric_not_a_boolean", _mutate(kp3d, keypoints3d_metric="yes"), "field")
     bad("shape_overflows_int64", _with_part(kp, {"name": "keypoints", "encoding": "raw", "dtype": "<f4",
                                                  "shape": [2**32, 2**32, 2]}, b""), "shape")
     bad("shape_negative", _with_part(kp, {"name": "boxes", "encoding": "raw", "dtype": "<f4", "shape": [-1, 4]},

@@ -242,8 +242,9 @@ class ZmqPublisher:
         if wanted["keypoints"]:
             parts = _keypoint_parts(result)
             n, k = parts[0].array.shape[:2]
-            encoded.append(("keypoints", self._encode("keypoints", {**fields, "num_persons": n, "num_keypoints": k},
-                                                      parts)))
+            extra = {} if result.keypoints3d is None else {"keypoints3d_metric": bool(result.keypoints3d.metric)}
+            encoded.append(("keypoints", self._encode("keypoints", {**fields, "num_persons": n, "num_keypoints": k,
+                                                                    **extra}, parts)))
         if wanted["frame"]:
             annotated = result.annotated is not None and not self.raw_frames
             image = result.annotated if annotated else frame.image
@@ -449,13 +450,22 @@ def _keypoint_parts(result: FrameResult) -> list[wire.Part]:
     kp = result.keypoints
     xy = kp.xy if kp is not None else np.zeros((n, 0, 2), np.float32)  # (N, K, 2); K=0: not computed
     scores = kp.scores if kp is not None else np.zeros((n, 0), np.float32)  # (N, K)
-    return [
+    parts = [
         wire.Part("keypoints", xy.astype("<f4")),
         wire.Part("keypoint_scores", scores.astype("<f4")),
         wire.Part("boxes", det.boxes.astype("<f4")),  # (N, 4) xyxy
         wire.Part("box_scores", det.scores.astype("<f4")),  # (N,)
         wire.Part("track_ids", det.track_ids.astype("<i8")),  # (N,)
     ]
+    k3 = result.keypoints3d
+    if k3 is not None and kp is not None:  # the optional 3D group (docs/WIRE.md): all four parts
+        parts += [
+            wire.Part("keypoints3d", k3.xyz.astype("<f4")),  # (N, K, 3), zeros where not valid
+            wire.Part("keypoints3d_valid", k3.valid.astype(np.uint8)),  # (N, K) 1 valid, 0 not
+            wire.Part("root3d", k3.root.astype("<f4")),  # (N, 3)
+            wire.Part("root3d_valid", k3.root_valid.astype(np.uint8)),  # (N,)
+        ]
+    return parts
 
 
 def curve_for(cfg_curve_dir: str | None, connect: bool, client_name: str) -> CurveServerKeys | CurveClientKeys | None:

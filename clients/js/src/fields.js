@@ -50,6 +50,7 @@ export function checkFrameFields(header) {
   const kind = header.kind;
   if (kind === "keypoints") {
     for (const key of ["num_persons", "num_keypoints"]) optional(header, key, dimension, "a non-negative integer");
+    optional(header, "keypoints3d_metric", isBool, "a boolean");
   } else if (kind === "frame") {
     optional(header, "annotated", isBool, "a boolean");
   } else if (kind === "matte") {

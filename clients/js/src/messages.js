@@ -1,6 +1,7 @@
 /**
  * Typed messages (Python's `sapiens2_client.messages`) and the checks that tie their parts
- * together: the five keypoint parts must all be there with agreeing N and K.
+ * together: the five keypoint parts must all be there with agreeing N and K (and the four 3D
+ * parts all or none, agreeing too).
  * @module
  */
 
@@ -13,6 +14,14 @@ export const KEYPOINT_PARTS = Object.freeze({
   boxes: ["<f4", ["N", 4]],
   box_scores: ["<f4", ["N"]],
   track_ids: ["<i8", ["N"]],
+});
+
+/** The optional 3D group (--keypoints3d): all four parts or none. */
+export const KEYPOINT3D_PARTS = Object.freeze({
+  keypoints3d: ["<f4", ["N", "K", 3]],
+  keypoints3d_valid: ["|u1", ["N", "K"]],
+  root3d: ["<f4", ["N", 3]],
+  root3d_valid: ["|u1", ["N"]],
 });
 
 /** The image part of each image kind. */
@@ -29,7 +38,18 @@ function keypointArrays(arrays) {
   const n = arrays.boxes.shape.length ? arrays.boxes.shape[0] : -1;
   const k = arrays.keypoints.shape.length === 3 ? arrays.keypoints.shape[1] : -1;
   const sizes = { N: n, K: k };
-  for (const [name, [dtype, shape]] of Object.entries(KEYPOINT_PARTS)) {
+  checkParts(arrays, KEYPOINT_PARTS, sizes);
+  const present = Object.keys(KEYPOINT3D_PARTS).filter((name) => own(arrays, name));
+  if (present.length && present.length !== Object.keys(KEYPOINT3D_PARTS).length) {
+    const lacking = Object.keys(KEYPOINT3D_PARTS).filter((name) => !own(arrays, name));
+    throw new WireError(`keypoints message has 3D parts ${show(present)} but lacks ${show(lacking)}`, "parts");
+  }
+  if (present.length) checkParts(arrays, KEYPOINT3D_PARTS, sizes);
+  return { n, k, has3d: present.length > 0 };
+}
+
+function checkParts(arrays, table, sizes) {
+  for (const [name, [dtype, shape]] of Object.entries(table)) {
     const array = arrays[name];
     const want = shape.map((s) => (typeof s === "string" ? sizes[s] : s));
     if (array.dtype !== dtype || array.shape.length !== want.length || array.shape.some((s, i) => s !== want[i])) {
@@ -37,7 +57,14 @@ function keypointArrays(arrays) {
         + `${show(want)} ${dtype}`, "shape");
     }
   }
-  return { n, k };
+}
+
+/** The 3D keypoints of a message (Python's `Keypoints3D`); valid flags as 0/1 bytes. */
+function keypoints3d(h, a) {
+  return {
+    xyz: a.keypoints3d.data, valid: a.keypoints3d_valid.data, root: a.root3d.data,
+    root_valid: a.root3d_valid.data, metric: h.keypoints3d_metric ?? false,
+  };
 }
 
 /** The per-frame fields of a validated header (Python's `meta_from_header`). */
@@ -79,11 +106,12 @@ export function toMessage(d) {
   const meta = metaFromHeader(h);
   const a = d.arrays;
   if (d.kind === "keypoints") {
-    const { n, k } = keypointArrays(a);
+    const { n, k, has3d } = keypointArrays(a);
     return {
       ...base, meta, num_persons: n, num_keypoints: k,
       keypoints: a.keypoints.data, keypoint_scores: a.keypoint_scores.data, boxes: a.boxes.data,
       box_scores: a.box_scores.data, track_ids: a.track_ids.data,
+      keypoints3d: has3d ? keypoints3d(h, a) : null,
       shapes: Object.fromEntries(Object.keys(KEYPOINT_PARTS).map((name) => [name, a[name].shape])),
     };
   }

@@ -70,6 +70,19 @@ function checkTyped(msg, expect) {
     assert.equal(msg.num_keypoints, k);
     assert.deepEqual(msg.shapes.keypoints, [n, k, 2]);
     assert.ok(msg.keypoints instanceof Float32Array && msg.track_ids instanceof BigInt64Array);
+    if (expect.arrays.keypoints3d) {
+      const k3 = msg.keypoints3d;
+      assert.ok(k3.xyz instanceof Float32Array && k3.xyz.length === n * k * 3);
+      assert.ok(k3.valid instanceof Uint8Array && k3.valid.length === n * k);
+      assert.ok(k3.root instanceof Float32Array && k3.root.length === n * 3);
+      assert.ok(k3.root_valid instanceof Uint8Array && k3.root_valid.length === n);
+      assert.equal(k3.metric, expect.header.keypoints3d_metric);
+      for (let i = 0; i < n * k; i++) { // invalid points are zeros on the wire
+        if (!k3.valid[i]) assert.ok(k3.xyz.subarray(3 * i, 3 * i + 3).every((v) => v === 0));
+      }
+    } else {
+      assert.equal(msg.keypoints3d, null);
+    }
   }
 }
 

@@ -110,6 +110,12 @@ def summary(msg: Message) -> dict[str, Any]:
     if isinstance(msg, KeypointsMessage):
         out.update(persons=len(msg.boxes), boxes=msg.boxes, box_scores=msg.box_scores, track_ids=msg.track_ids,
                    keypoints=msg.keypoints, keypoint_scores=msg.keypoint_scores)
+        if msg.keypoints3d is not None:
+            k3 = msg.keypoints3d  # invalid points as None, as in the JSONL
+            out.update(keypoints3d=[[p if ok else None for p, ok in zip(person, valid)]
+                                    for person, valid in zip(k3.xyz.tolist(), k3.valid.tolist())],
+                       root3d=[r if ok else None for r, ok in zip(k3.root.tolist(), k3.root_valid.tolist())],
+                       keypoints3d_metric=k3.metric)
     elif isinstance(msg, FrameMessage):
         out.update(shape=list(msg.image.shape))
     return _finite(out)
@@ -147,7 +153,8 @@ class _Outputs:
                 frame=m.frame_index, pts=m.pts, time_base=m.time_base, capture_ns=m.capture_ns, width=m.width,
                 height=m.height, random_weights=m.random_weights, boxes=msg.boxes, box_scores=msg.box_scores,
                 track_ids=msg.track_ids, keypoints=msg.keypoints if msg.keypoints.shape[1] else None,
-                scores=msg.keypoint_scores if msg.keypoints.shape[1] else None, source=m.source_id))
+                scores=msg.keypoint_scores if msg.keypoints.shape[1] else None, keypoints3d=msg.keypoints3d,
+                source=m.source_id))
         elif isinstance(msg, StatusMessage) and self.lines is not None and isinstance(msg.header.get("event"), dict):
             self.lines.write(_finite({**msg.header["event"], "source": msg.source_id}))
         elif isinstance(msg, FrameMessage):

@@ -8,7 +8,10 @@ One object per frame, one line each (the pipeline's ``--save-keypoints`` and the
      "persons": [{"id": 3, "box": [x1, y1, x2, y2], "score": 0.91,
                   "keypoints": [[x, y, score], ...]}]}
 
-``id`` is the track id (-1 when untracked); ``keypoints`` is null when pose did not run. Lines
+``id`` is the track id (-1 when untracked); ``keypoints`` is null when pose did not run. With 3D
+keypoints (the pipeline's ``--keypoints3d``) each person also has ``"keypoints3d": [[x, y, z] or
+null, ...]`` (K entries, null where not valid), ``"root3d": [x, y, z]`` or null, and the line has
+``"keypoints3d_metric": true|false`` (docs/WIRE.md says what the units are). Lines
 with an ``event`` key instead of ``frame`` mark what happened to the source between frames
 (``stalled``, ``reconnecting``, ``resumed``; each with ``time_ns``). Non-finite numbers are
 written as null: every line is strict JSON.
@@ -52,22 +55,30 @@ def rows(array: np.ndarray, digits: int) -> list[list[float | None]]:
 def keypoint_record(*, frame: int, pts: int | None, time_base: Fraction | None, capture_ns: int, width: int,
                     height: int, random_weights: bool, boxes: np.ndarray, box_scores: np.ndarray,
                     track_ids: np.ndarray, keypoints: np.ndarray | None, scores: np.ndarray | None,
-                    **extra: Any) -> dict[str, Any]:
+                    keypoints3d: Any = None, **extra: Any) -> dict[str, Any]:
     """The JSON-ready record of one frame (see the module docstring).
 
-    boxes (N, 4) xyxy, box_scores (N,), track_ids (N,), keypoints (N, K, 2) and scores (N, K) or None.
+    boxes (N, 4) xyxy, box_scores (N,), track_ids (N,), keypoints (N, K, 2) and scores (N, K) or None;
+    keypoints3d: anything with xyz (N, K, 3), valid (N, K), root (N, 3), root_valid (N,) and
+    metric, or None.
     """
     persons = []
     for i in range(len(boxes)):
         kp = None
         if keypoints is not None and scores is not None and keypoints.shape[1]:
             kp = rows(np.concatenate([keypoints[i], scores[i][:, None]], axis=1), 3)  # (K, 3): x, y, score
-        persons.append({
+        person = {
             "id": int(track_ids[i]),
             "box": rows(np.asarray(boxes[i])[None], 2)[0],
             "score": _finite(float(box_scores[i]), 4),
             "keypoints": kp,
-        })
+        }
+        if keypoints3d is not None:
+            person["keypoints3d"] = _points3d(keypoints3d.xyz[i], keypoints3d.valid[i])
+            person["root3d"] = _points3d(keypoints3d.root[i][None], keypoints3d.root_valid[i][None])[0]
+        persons.append(person)
+    if keypoints3d is not None:
+        extra = {**extra, "keypoints3d_metric": bool(keypoints3d.metric)}
     return {
         "frame": int(frame),
         "pts": None if pts is None else int(pts),
@@ -79,6 +90,13 @@ def keypoint_record(*, frame: int, pts: int | None, time_base: Fraction | None, 
         **extra,
         "persons": persons,
     }
+
+
+def _points3d(xyz: np.ndarray, valid: np.ndarray) -> list[list[float | None] | None]:
+    """(M, 3) points -> [[x, y, z] or None, ...]: None where not valid or not finite; 0.1 mm steps."""
+    ok = np.asarray(valid, bool) & np.isfinite(xyz).all(axis=-1)
+    values = np.round(np.where(ok[:, None], xyz, 0.0).astype(np.float64), 4).tolist()
+    return [v if good else None for v, good in zip(values, ok.tolist())]
 
 
 class LineWriter:

@@ -11,9 +11,31 @@ from .wire import Decoded, FrameMeta, WireError, meta_from_header
 
 
 @dataclass
+class Keypoints3D:
+    """The persons' keypoints in the camera's 3D frame (docs/WIRE.md, "3D keypoints").
+
+    xyz: (N, K, 3) float32, zeros where not valid; valid: (N, K) bool; root: (N, 3) float32, the
+    mean of the valid hips; root_valid: (N,) bool; metric: the values are metric (the pointmap
+    model has its scale branch), else in the model's canonical camera space.
+    """
+
+    xyz: np.ndarray
+    valid: np.ndarray
+    root: np.ndarray
+    root_valid: np.ndarray
+    metric: bool
+
+    def relative(self) -> tuple[np.ndarray, np.ndarray]:
+        """Root-relative coordinates (N, K, 3) and their validity (point and root valid)."""
+        ok = self.valid & self.root_valid[:, None]
+        return np.where(ok[..., None], self.xyz - self.root[:, None, :], 0.0).astype(np.float32), ok
+
+
+@dataclass
 class KeypointsMessage:
     """keypoints: (N, K, 2) float32 pixels; keypoint_scores: (N, K); boxes: (N, 4) xyxy;
-    box_scores: (N,); track_ids: (N,) int64, -1 when untracked. K is 0 when not computed."""
+    box_scores: (N,); track_ids: (N,) int64, -1 when untracked. K is 0 when not computed.
+    keypoints3d: the 3D keypoints when the publisher lifts them (--keypoints3d), else None."""
 
     topic: str
     header: dict[str, Any]
@@ -23,6 +45,7 @@ class KeypointsMessage:
     boxes: np.ndarray
     box_scores: np.ndarray
     track_ids: np.ndarray
+    keypoints3d: Keypoints3D | None = None
 
 
 @dataclass
@@ -86,7 +109,23 @@ KEYPOINT_PARTS = {
     "box_scores": ("<f4", ("N",)),
     "track_ids": ("<i8", ("N",)),
 }
+# the optional 3D group: all four parts or none
+KEYPOINT3D_PARTS = {
+    "keypoints3d": ("<f4", ("N", "K", 3)),
+    "keypoints3d_valid": ("|u1", ("N", "K")),
+    "root3d": ("<f4", ("N", 3)),
+    "root3d_valid": ("|u1", ("N",)),
+}
 IMAGE_PART = {"frame": "image", "seg": "classes", "matte": "alpha"}
+
+
+def _check_parts(arrays: dict[str, np.ndarray], table: dict, sizes: dict[str, int]) -> None:
+    for name, (dtype, shape) in table.items():
+        array = arrays[name]
+        want = tuple(sizes.get(s, s) for s in shape)
+        if array.dtype.str != dtype or array.shape != want:
+            raise WireError(f"keypoints part {name!r} is {array.shape} {array.dtype.str}, expected {want} {dtype}",
+                            "shape")
 
 
 def _keypoint_arrays(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -97,13 +136,21 @@ def _keypoint_arrays(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     n = arrays["boxes"].shape[0] if arrays["boxes"].ndim else -1
     k = arrays["keypoints"].shape[1] if arrays["keypoints"].ndim == 3 else -1
     sizes = {"N": n, "K": k}
-    for name, (dtype, shape) in KEYPOINT_PARTS.items():
-        array = arrays[name]
-        want = tuple(sizes.get(s, s) for s in shape)
-        if array.dtype.str != dtype or array.shape != want:
-            raise WireError(f"keypoints part {name!r} is {array.shape} {array.dtype.str}, expected {want} {dtype}",
-                            "shape")
+    _check_parts(arrays, KEYPOINT_PARTS, sizes)
+    present = [name for name in KEYPOINT3D_PARTS if name in arrays]
+    if present and len(present) != len(KEYPOINT3D_PARTS):
+        missing = [name for name in KEYPOINT3D_PARTS if name not in arrays]
+        raise WireError(f"keypoints message has 3D parts {present} but lacks {missing}", "parts")
+    if present:
+        _check_parts(arrays, KEYPOINT3D_PARTS, sizes)
     return arrays
+
+
+def _keypoints3d(header: dict[str, Any], arrays: dict[str, np.ndarray]) -> Keypoints3D | None:
+    if "keypoints3d" not in arrays:
+        return None
+    return Keypoints3D(arrays["keypoints3d"], arrays["keypoints3d_valid"] != 0, arrays["root3d"],
+                       arrays["root3d_valid"] != 0, bool(header.get("keypoints3d_metric", False)))
 
 
 def to_message(d: Decoded) -> Message:
@@ -116,7 +163,7 @@ def to_message(d: Decoded) -> Message:
     if d.kind == "keypoints":
         k = _keypoint_arrays(a)
         return KeypointsMessage(d.topic, h, meta, k["keypoints"], k["keypoint_scores"], k["boxes"], k["box_scores"],
-                                k["track_ids"])
+                                k["track_ids"], _keypoints3d(h, k))
     name = IMAGE_PART[d.kind]
     if name not in a:
         raise WireError(f"{d.kind} message lacks its {name!r} part", "parts")

@@ -326,6 +326,7 @@ def check_frame_fields(header: dict[str, Any]) -> None:
     if header["kind"] == "keypoints":
         for key in ("num_persons", "num_keypoints"):
             _optional(header, key, lambda v: _is_int(v, 0, 2**31), "a non-negative integer")
+        _optional(header, "keypoints3d_metric", lambda v: isinstance(v, bool), "a boolean")
     elif header["kind"] == "frame":
         _optional(header, "annotated", lambda v: isinstance(v, bool), "a boolean")
     elif header["kind"] == "matte":

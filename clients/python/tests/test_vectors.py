@@ -50,7 +50,16 @@ def test_good_vectors_decode_as_expected(case: dict) -> None:
         else:  # lossy JPEG: close to the pixels that were encoded
             reference = np.frombuffer(base64.b64decode(want["reference"]), np.uint8).reshape(array.shape)
             assert np.abs(array.astype(int) - reference.astype(int)).mean() <= want["max_mean_abs_diff"], name
-    decode_message(_frames(case))  # and it makes a typed message
+    msg = decode_message(_frames(case))  # and it makes a typed message
+    if "keypoints3d" in expect["arrays"]:
+        k3 = msg.keypoints3d
+        assert k3.xyz.shape == (*msg.keypoints.shape[:2], 3) and k3.valid.dtype == bool
+        assert k3.metric is expect["header"]["keypoints3d_metric"]
+        assert not k3.xyz[~k3.valid].any()  # invalid points are zeros on the wire
+        rel, ok = k3.relative()
+        np.testing.assert_allclose(rel[ok], (k3.xyz - k3.root[:, None])[ok])
+    elif expect["kind"] == "keypoints":
+        assert msg.keypoints3d is None
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if "error" in c], ids=lambda c: c["name"])

@@ -67,7 +67,8 @@ def test_images_round_trip() -> None:
     alpha = rng.integers(0, 256, (48, 64), dtype=np.uint8)
     fields = wire.meta_fields(_meta())
     f = to_message(wire.decode(wire.encode("frame", "cam0", fields, [wire.Part("image", image, "jpeg")], publish_ns=1)))
-    s = to_message(wire.decode(wire.encode("seg", "cam0", fields, [wire.Part("classes", classes, "png")], publish_ns=1)))
+    seg = wire.encode("seg", "cam0", fields, [wire.Part("classes", classes, "png")], publish_ns=1)
+    s = to_message(wire.decode(seg))
     m = to_message(wire.decode(wire.encode("matte", "cam0", fields, [wire.Part("alpha", alpha, "png")], publish_ns=1)))
     assert isinstance(f, FrameMessage) and f.image.shape == (48, 64, 3)
     assert np.abs(f.image.astype(int) - image.astype(int)).mean() < 3
