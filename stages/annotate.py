@@ -304,6 +304,61 @@ class HudAnnotator(BaseAnnotator):
         return image
 
 
+class SideViewAnnotator(BaseAnnotator):
+    """A side view of the 3D keypoints in an inset (bottom right): depth Z to the right, Y down.
+
+    The view fits all valid points of the frame with one scale on both axes (so proportions are
+    true), draws each person's skeleton links whose ends are both valid and its body (non-face)
+    points. It assumes the usual camera convention (+Y down the image, +Z away from the camera;
+    docs/WIRE.md says what the model states). Nothing is drawn without 3D keypoints.
+    """
+
+    layer = 8
+
+    def __init__(self, metadata: Sapiens2Metadata | None = None, size: float = 0.3) -> None:
+        meta = metadata or load_metadata()
+        self.size = size  # inset side as a fraction of the frame's shorter side
+        self.links = meta.skeleton_links.tolist()
+        self.link_colors = _colors(meta.link_colors)
+        body = np.ones(meta.num_keypoints, bool)
+        body[meta.face_indices] = False
+        self.body = body  # (K,)
+
+    def annotate(self, image: np.ndarray, result: FrameResult) -> np.ndarray:
+        image = _canvas(image)
+        k3 = result.keypoints3d
+        if k3 is None or len(k3) == 0 or not k3.valid.any():
+            return image
+        h, w = image.shape[:2]
+        side = max(48, int(min(h, w) * self.size))
+        margin = max(4, side // 20)
+        x0, y0 = w - side - margin, h - side - margin
+        if x0 < 0 or y0 < 0:
+            return image
+        panel = image[y0 : y0 + side, x0 : x0 + side]
+        panel >>= 2  # darken: the inset reads on any frame
+        cv2.rectangle(image, (x0, y0), (x0 + side - 1, y0 + side - 1), (200, 200, 200), 1)
+        zy = k3.xyz[..., [2, 1]]  # (N, K, 2): horizontal = Z (depth), vertical = Y
+        pts = zy[k3.valid]
+        lo, hi = pts.min(axis=0), pts.max(axis=0)
+        span = float(max(hi - lo)) * 1.15 or 1.0
+        centre = (lo + hi) / 2.0
+        pix = (zy - centre) / span * (side - 2 * margin) + side / 2.0  # (N, K, 2) inset pixels
+        pix = np.round(pix + [x0, y0]).astype(np.int32)
+        t = max(2, side // 120)
+        for pts_i, vis in zip(pix.tolist(), k3.valid.tolist()):
+            for (a, b), color in zip(self.links, self.link_colors):
+                if vis[a] and vis[b]:
+                    cv2.line(image, pts_i[a], pts_i[b], color, t, cv2.LINE_AA)
+            for k, (p, v) in enumerate(zip(pts_i, vis)):
+                if v and self.body[k]:
+                    cv2.circle(image, p, t + 1, (255, 255, 255), -1, cv2.LINE_AA)
+        scale = max(0.35, side / 600)
+        label = "side view: Z ->  Y down" + ("" if k3.metric else " (canonical)")
+        cv2.putText(image, label, (x0 + 4, y0 + side - 6), _FONT, scale, (230, 230, 230), 1, cv2.LINE_AA)
+        return image
+
+
 class Annotator:
     """A chain of annotators applied in order."""
 
@@ -326,6 +381,7 @@ _TASKS: dict[str, Callable[[Sapiens2Metadata], BaseAnnotator]] = {
     "seg": lambda m: SegmentationAnnotator(m),
     "boxes": lambda m: BoxAnnotator(),
     "pose": lambda m: SkeletonAnnotator(m),
+    "side3d": lambda m: SideViewAnnotator(m),
     "hud": lambda m: HudAnnotator(),
 }
 _ALIASES = {"matting": "matte", "segmentation": "seg", "detect": "boxes", "detections": "boxes",
@@ -335,9 +391,9 @@ _ALIASES = {"matting": "matte", "segmentation": "seg", "detect": "boxes", "detec
 def compose_annotators(
     tasks: Iterable[str | BaseAnnotator], metadata: Sapiens2Metadata | None = None
 ) -> Annotator:
-    """Build a chain from task names (matte, seg, boxes, pose, hud) and/or annotator instances.
+    """Build a chain from task names (matte, seg, boxes, pose, side3d, hud) and/or annotator instances.
 
-    Names get default styles; the chain is ordered by layer (matte, seg, boxes, pose, hud) so
+    Names get default styles; the chain is ordered by layer (matte, seg, boxes, pose, side3d, hud) so
     text is never painted over, whatever order the tasks are listed in.
     """
     meta = metadata or load_metadata()

@@ -12,11 +12,12 @@ from stages.annotate import (
     HudAnnotator,
     MatteAnnotator,
     SegmentationAnnotator,
+    SideViewAnnotator,
     SkeletonAnnotator,
     compose_annotators,
 )
 from stages.metadata import load_metadata
-from stages.types import Detections, Frame, FrameResult, Keypoints, Matte
+from stages.types import Detections, Frame, FrameResult, Keypoints, Keypoints3D, Matte
 
 H, W = 240, 320
 GREY = 40
@@ -140,6 +141,28 @@ def test_compose_orders_layers_and_keeps_the_frame() -> None:
     assert out is not result.frame.image and (out != GREY).any()
     with pytest.raises(ValueError, match="unknown annotation task 'depth'"):
         compose_annotators(["depth"])
+
+
+def test_side_view_draws_a_link_in_its_inset_only() -> None:
+    meta = load_metadata()
+    k = meta.num_keypoints
+    (a, b), color = (int(i) for i in meta.skeleton_links[0]), meta.link_colors[0]
+    xyz, valid = np.zeros((1, k, 3), np.float32), np.zeros((1, k), bool)
+    xyz[0, a], xyz[0, b] = (0.0, 1.0, 2.0), (0.0, 1.0, 3.0)  # one link straight along the depth axis
+    valid[0, [a, b]] = True
+    k3 = Keypoints3D(xyz, valid, np.zeros((1, 3), np.float32), np.zeros(1, bool))
+    annotator = SideViewAnnotator(size=0.5)
+    out = annotator.annotate(_result().frame.image.copy(), _result(keypoints3d=k3))
+    side = int(min(H, W) * 0.5)
+    margin = max(4, side // 20)
+    x0, y0 = W - side - margin, H - side - margin
+    assert (out[:y0] == GREY).all() and (out[:, :x0] == GREY).all()  # nothing outside the inset
+    centre_row = y0 + side // 2  # the link is horizontal (constant Y) through the inset's middle
+    np.testing.assert_array_equal(out[centre_row, x0 + side // 2], color)
+    assert (out[y0 + 5 : y0 + side // 4, x0 + 5 : x0 + side - 5] == GREY >> 2).all()  # darkened, nothing drawn
+    # nothing to show: nothing drawn, not even the inset
+    untouched = annotator.annotate(_result().frame.image.copy(), _result())
+    assert (untouched == GREY).all()
 
 
 def test_rejects_bad_images() -> None:

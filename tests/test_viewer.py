@@ -174,9 +174,9 @@ def _published_later(sub: Subscriber, fps: float) -> bool:
 def test_pipeline_serves_its_own_view_with_a_token(tiny: Path, cli_env: dict[str, str], tmp_path: Path,
                                                   long_clip: Path) -> None:
     listen = f"127.0.0.1:{_port()}"
-    pipeline = _start(["--source", long_clip, "--realtime", "--tasks", "pose", *OFFLINE, "--publish",
-                       f"tcp://127.0.0.1:{_port()}", "--view", listen, "--view-token", "s3cret"], env=cli_env,
-                      cwd=tmp_path)
+    pipeline = _start(["--source", long_clip, "--realtime", "--tasks", "pose", "--keypoints3d", *OFFLINE,
+                       "--publish", f"tcp://127.0.0.1:{_port()}", "--view", listen, "--view-token", "s3cret"],
+                      env=cli_env, cwd=tmp_path)
     driver = None
     try:
         _wait_http(f"http://{listen}/static/viewer.js", [pipeline])
@@ -188,6 +188,12 @@ def test_pipeline_serves_its_own_view_with_a_token(tiny: Path, cli_env: dict[str
         driver.get(f"http://{listen}/?token=s3cret")
         _wait_page(driver, lambda: int(_body(driver, "data-frames-drawn") or 0) >= 3, "drew 3 frames")
         assert "pipeline drew" not in driver.find_element("id", "caption").text  # raw frames, layers drawn here
+        # --keypoints3d: the page's 3D panel shows the persons' lifted keypoints, in each plane
+        _wait_page(driver, lambda: int(_body(driver, "data-drawn3d") or 0) > 0, "drew 3D links")
+        assert driver.find_element("id", "space").is_displayed()
+        assert "metric" in driver.find_element("id", "spaceunits").text
+        driver.find_element("css selector", '#spaceview option[value="top"]').click()
+        _wait_page(driver, lambda: int(_body(driver, "data-points3d") or 0) > 0, "kept drawing in the top view")
     finally:
         if driver is not None:
             driver.quit()

@@ -164,6 +164,7 @@ function checkFrameFields(header) {
   const kind = header.kind;
   if (kind === "keypoints") {
     for (const key of ["num_persons", "num_keypoints"]) optional(header, key, dimension, "a non-negative integer");
+    optional(header, "keypoints3d_metric", isBool, "a boolean");
   } else if (kind === "frame") {
     optional(header, "annotated", isBool, "a boolean");
   } else if (kind === "matte") {
@@ -1357,6 +1358,12 @@ var KEYPOINT_PARTS = Object.freeze({
   box_scores: ["<f4", ["N"]],
   track_ids: ["<i8", ["N"]]
 });
+var KEYPOINT3D_PARTS = Object.freeze({
+  keypoints3d: ["<f4", ["N", "K", 3]],
+  keypoints3d_valid: ["|u1", ["N", "K"]],
+  root3d: ["<f4", ["N", 3]],
+  root3d_valid: ["|u1", ["N"]]
+});
 var IMAGE_PART = Object.freeze({ frame: "image", seg: "classes", matte: "alpha" });
 var own = (obj, key) => Object.prototype.hasOwnProperty.call(obj, key);
 var big = (v) => typeof v === "bigint" ? v : BigInt(v);
@@ -1367,14 +1374,32 @@ function keypointArrays(arrays) {
   const n = arrays.boxes.shape.length ? arrays.boxes.shape[0] : -1;
   const k = arrays.keypoints.shape.length === 3 ? arrays.keypoints.shape[1] : -1;
   const sizes = { N: n, K: k };
-  for (const [name, [dtype, shape]] of Object.entries(KEYPOINT_PARTS)) {
+  checkParts(arrays, KEYPOINT_PARTS, sizes);
+  const present = Object.keys(KEYPOINT3D_PARTS).filter((name) => own(arrays, name));
+  if (present.length && present.length !== Object.keys(KEYPOINT3D_PARTS).length) {
+    const lacking = Object.keys(KEYPOINT3D_PARTS).filter((name) => !own(arrays, name));
+    throw new WireError(`keypoints message has 3D parts ${show(present)} but lacks ${show(lacking)}`, "parts");
+  }
+  if (present.length) checkParts(arrays, KEYPOINT3D_PARTS, sizes);
+  return { n, k, has3d: present.length > 0 };
+}
+function checkParts(arrays, table, sizes) {
+  for (const [name, [dtype, shape]] of Object.entries(table)) {
     const array = arrays[name];
     const want = shape.map((s) => typeof s === "string" ? sizes[s] : s);
     if (array.dtype !== dtype || array.shape.length !== want.length || array.shape.some((s, i) => s !== want[i])) {
       throw new WireError(`keypoints part ${show(name)} is ${show(array.shape)} ${array.dtype}, expected ${show(want)} ${dtype}`, "shape");
     }
   }
-  return { n, k };
+}
+function keypoints3d(h, a) {
+  return {
+    xyz: a.keypoints3d.data,
+    valid: a.keypoints3d_valid.data,
+    root: a.root3d.data,
+    root_valid: a.root3d_valid.data,
+    metric: h.keypoints3d_metric ?? false
+  };
 }
 function metaFromHeader(h) {
   return {
@@ -1422,7 +1447,7 @@ function toMessage(d) {
   const meta = metaFromHeader(h);
   const a = d.arrays;
   if (d.kind === "keypoints") {
-    const { n, k } = keypointArrays(a);
+    const { n, k, has3d } = keypointArrays(a);
     return {
       ...base,
       meta,
@@ -1433,6 +1458,7 @@ function toMessage(d) {
       boxes: a.boxes.data,
       box_scores: a.box_scores.data,
       track_ids: a.track_ids.data,
+      keypoints3d: has3d ? keypoints3d(h, a) : null,
       shapes: Object.fromEntries(Object.keys(KEYPOINT_PARTS).map((name2) => [name2, a[name2].shape]))
     };
   }
@@ -1731,6 +1757,7 @@ export {
   IMAGE_KINDS,
   IMAGE_PART,
   ImageHeaderError,
+  KEYPOINT3D_PARTS,
   KEYPOINT_PARTS,
   KINDS,
   RAW_DTYPES,

@@ -47,6 +47,7 @@ for (const box of document.querySelectorAll("#layers input")) {
 }
 body.dataset.layers = Object.keys(state.layers).filter((k) => state.layers[k]).join(",");
 $("source").addEventListener("change", (e) => select(e.target.value));
+$("spaceview").addEventListener("change", () => schedule());
 
 // -- messages ----------------------------------------------------------------------------------
 async function handle(msg) {
@@ -119,6 +120,7 @@ function draw() {
   if (state.layers.seg && src.seg) ctx.drawImage(src.seg, 0, 0, canvas.width, canvas.height);
   const kp = src.keypoints.get(src.frameMeta.frame_index) || src.latest;
   if (kp) persons(ctx, kp, canvas.width);
+  space(kp);
   $("empty").hidden = true;
   $("caption").textContent = `${src.id}: frame ${src.frameMeta.frame_index}, ${src.frame.width}×${src.frame.height}`
     + (src.annotated ? " (the pipeline drew its own overlays on this picture too)" : "");
@@ -176,6 +178,57 @@ function persons(ctx, kp, width) {
   body.dataset.drawnLinks = String(drawn.links);
   body.dataset.drawnFace = String(drawn.face);
   body.dataset.drawnBoxes = String(drawn.boxes);
+}
+
+// The 3D keypoints (the pointmap sampled at each keypoint, --keypoints3d) projected on one plane
+// of the camera frame, all persons at one scale on both axes so proportions are true.
+const PLANES = { side: [2, 1, 1], top: [0, 2, -1], front: [0, 1, 1] }; // [horizontal axis, vertical axis, vertical sign]
+
+function space(kp) {
+  const k3 = kp && kp.keypoints3d;
+  $("space").hidden = !k3;
+  if (!k3) return;
+  const [n, k] = kp.shapes.keypoints;
+  const canvas = $("side"), ctx = canvas.getContext("2d");
+  ctx.clearRect(0, 0, canvas.width, canvas.height);
+  const [h, v, sign] = PLANES[$("spaceview").value] || PLANES.side;
+  let lo = [Infinity, Infinity], hi = [-Infinity, -Infinity], count = 0;
+  for (let i = 0; i < n * k; i++) {
+    if (!k3.valid[i]) continue;
+    const a = k3.xyz[3 * i + h], b = sign * k3.xyz[3 * i + v];
+    lo = [Math.min(lo[0], a), Math.min(lo[1], b)];
+    hi = [Math.max(hi[0], a), Math.max(hi[1], b)];
+    count += 1;
+  }
+  $("spaceunits").textContent = k3.metric ? "camera frame, metric" : "camera frame, canonical (no scale branch)";
+  let drawn = 0;
+  if (count) {
+    const span = Math.max(hi[0] - lo[0], hi[1] - lo[1], 1e-6) * 1.15;
+    const px = Math.min(canvas.width, canvas.height) - 16;
+    const at = (i) => [(k3.xyz[3 * i + h] - (lo[0] + hi[0]) / 2) / span * px + canvas.width / 2,
+                       (sign * k3.xyz[3 * i + v] - (lo[1] + hi[1]) / 2) / span * px + canvas.height / 2];
+    const meta = state.meta;
+    for (let p = 0; p < n && meta; p++) {
+      meta.links.forEach(([a, b], j) => {
+        if (!k3.valid[p * k + a] || !k3.valid[p * k + b]) return;
+        const [r, g, bl] = meta.link_colors[j];
+        ctx.strokeStyle = `rgb(${r},${g},${bl})`;
+        ctx.lineWidth = 2;
+        ctx.beginPath();
+        ctx.moveTo(...at(p * k + a));
+        ctx.lineTo(...at(p * k + b));
+        ctx.stroke();
+        drawn += 1;
+      });
+    }
+  }
+  const roots = [];
+  for (let p = 0; p < n; p++) {
+    if (k3.root_valid[p]) roots.push(`#${p}: ${Array.from(k3.root.subarray(3 * p, 3 * p + 3), (x) => x.toFixed(2)).join(", ")}`);
+  }
+  $("spaceroot").textContent = roots.length ? `root (mean of the hips) x, y, z: ${roots.join(" · ")}` : "no root this frame";
+  body.dataset.drawn3d = String(drawn);
+  body.dataset.points3d = String(count);
 }
 
 function badge(el, text, kind) {
