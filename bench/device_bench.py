@@ -98,7 +98,8 @@ PHASES: list[Phase] = [
     Phase("reference", phase_reference, 40, 90, "2 transformers models built on the GPU + timed groups"),
     Phase("compile", phase_compile, 60, 120, "Inductor compile of pose 0.4B at batch 4 + CUDA graphs"),
     Phase("fastpath", phase_fastpath, 20, 45, "9 variants of pose x4"),
-    Phase("transfers", phase_transfers, 10, 30, "copies, JPEG, libx264 (NVENC probed)", needs_ckpts=False),
+    Phase("transfers", phase_transfers, 10, 30, "3D keypoint step, copies, JPEG, libx264 (NVENC probed)",
+          needs_ckpts=False),
 ]
 TEST_PHASES: list[Phase] = [
     Phase("_hang", phase_test_hang, 0, 2, needs_ckpts=False, hidden=True),

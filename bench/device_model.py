@@ -380,7 +380,8 @@ def phase_fastpath(ctx: Ctx) -> None:
                                           crops3, 3, None, None)
     _ablation_row(ctx, rows, "3 persons, no buckets (batch 3)", estimator(buckets=False), crops3[:3], 3, padded3,
                   padded_ms)
-    ctx.report.table(["variant", "resolved options", "batch", "ms p50", "p95", "speed vs default", "max abs diff / max"],
+    ctx.report.table(["variant", "resolved options", "batch", "ms p50", "p95", "speed vs default",
+                      "max abs diff / max"],
                      rows)
     ctx.say("\nSpeed and difference are against the row marked default above each; \"resolved\" shows what ran "
             "(a backend that cannot run here falls back to auto, with a warning in the log). Buckets exist so "

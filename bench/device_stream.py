@@ -289,6 +289,22 @@ def phase_transfers(ctx: Ctx) -> None:
         results.append(dict(what=what, variant=variant, ms=samples, note=note))
         rows.append([what, variant, p50(samples) if samples else None, p95(samples) if samples else None, note])
 
+    # The 3D keypoint step (stages.keypoints3d): 8 persons x 308 keypoints from a frame-size pointmap
+    # with the seg map as the person mask; device time (CUDA events), target under 1 ms at window 1.
+    from bench.harness import measure
+    from stages.keypoints3d import Lift, lift
+
+    gen = torch.Generator().manual_seed(0)
+    points = torch.randn(h, w, 3, generator=gen).to(ctx.device)
+    person = (torch.rand(h, w, generator=gen) > 0.3).to(torch.uint8).to(ctx.device)
+    xy = (torch.rand(8, 308, 2, generator=gen) * torch.tensor([w - 1.0, h - 1.0])).to(ctx.device)
+    scores = torch.rand(8, 308, generator=gen).to(ctx.device)
+    for window in (1, 5):
+        rule = Lift(window=window)
+        stats = measure(lambda: lift(points, xy, scores, rule, seg=person), ctx.iters, 5, ctx.device)
+        note = "" if window != 1 else ("target < 1 ms: " + ("met" if stats.p50 < 1.0 else "MISSED")) if ctx.cuda \
+            else "not the device: no target"
+        add(f"3D keypoints, 8 persons, {h}x{w} map", f"window {window}", stats.samples_ms, note)
     for pinned in (True, False):
         def upload() -> None:
             to_device_image(image, ctx.device, pinned)

@@ -91,8 +91,22 @@ def test_device_bench_smoke_runs_every_phase(tmp_path: Path) -> None:
     assert encoders[0]["note"].startswith("n/a (no NVENC") and encoders[1]["note"].startswith("encoder used: libx264;")
     jpeg = [r for r in results["transfers"] if r["what"].startswith("JPEG") and r["ms"]]
     assert len(jpeg) == 1 and "decodes; mean abs error" in jpeg[0]["note"]  # CPU only here
+    lifted = [r for r in results["transfers"] if r["what"].startswith("3D keypoints, 8 persons")]
+    assert [r["variant"] for r in lifted] == ["window 1", "window 5"] and all(r["ms"] for r in lifted)
     assert results["compile"]["startup_s"] > 0 and results["compile"]["max_rel_diff"] < 1e-4
     assert results["workers_started"] == 1
+
+
+@pytest.mark.timeout(120)
+def test_the_3d_step_benchmark_runs_and_reports_both_figures(tmp_path: Path) -> None:
+    ran = subprocess.run([sys.executable, str(REPO / "bench" / "bench_keypoints3d.py"), "--iters", "3", "--warmup",
+                          "1", "--frames", "4", "--json", str(tmp_path / "k3.json")], env=ENV, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=110)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    out = json.loads((tmp_path / "k3.json").read_text())
+    assert [r["window"] for r in out["cost"]] == [1, 3, 5] and all(r["p50_ms"] > 0 for r in out["cost"])
+    assert [r["window"] for r in out["steadiness"]] == [1, 3, 5]
+    assert all(0 < r["valid_%"] <= 100 and r["jitter_rms_cm"] >= 0 for r in out["steadiness"])
 
 
 @pytest.mark.timeout(120)
