@@ -80,8 +80,9 @@ def parse_auto_bool(text: str) -> bool | str:
 class RunConfig:
     # sources
     source: list[str] = option(help="repeatable, each [NAME=]SPEC: webcam, webcam:N, /dev/videoN, a video file, "
-                                    "rtsp/http/udp URL, image, folder, glob, demo (several: one batch through "
-                                    "the same models; unnamed ones are cam0, cam1, ...)",
+                                    "loop:FILE (a file played over and over), rtsp/http/udp URL, image, folder, "
+                                    "glob, demo (several: one batch through the same models; unnamed ones are "
+                                    "cam0, cam1, ...)",
                                factory=list, metavar="[NAME=]SPEC", split=False)
     sources: list[dict] = option(help="YAML: a list of {id, uri, realtime, stall_timeout_s}, one per source",
                                  factory=list, cli=False)

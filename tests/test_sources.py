@@ -79,6 +79,31 @@ def test_file_delivers_every_frame_in_order(tmp_path: Path) -> None:
     assert source.health == "ended"
 
 
+def test_looping_file_never_ends_and_its_clock_keeps_rising(tmp_path: Path) -> None:
+    path = make_video(tmp_path / "clip.mp4", n=5)
+    frames: list[Frame] = []
+    with open_source(f"loop:{path}", source_id="lobby") as source:
+        assert source.info.source_id == "lobby" and source.info.width == 64
+        deadline = time.monotonic() + 20
+        while len(frames) < 13:  # two and a half passes
+            assert time.monotonic() < deadline, "the looping file stopped delivering"
+            frame = source.read(timeout=1.0)
+            if frame is not None:
+                frames.append(frame)
+        assert source.health == "ok"
+    assert [f.index for f in frames] == list(range(13))
+    assert [round(float(f.image.mean()) / 10) for f in frames] == [0, 1, 2, 3, 4] * 2 + [0, 1, 2]
+    pts = [f.pts for f in frames]
+    assert all(b > a for a, b in zip(pts, pts[1:])), pts  # one continuous stream across the restarts
+    step = frames[1].pts - frames[0].pts
+    assert frames[5].pts - frames[4].pts == step and frames[10].pts - frames[9].pts == step
+
+
+def test_looping_missing_file_fails_clearly(tmp_path: Path) -> None:
+    with pytest.raises(SourceError, match="no such file"):
+        open_source(f"loop:{tmp_path / 'missing.mp4'}")
+
+
 def test_file_with_slow_consumer_drops_nothing(tmp_path: Path) -> None:
     path = make_video(tmp_path / "clip.mp4", n=12)
     with open_source(str(path), queue_size=2) as source:

@@ -176,6 +176,45 @@ def open_file(path: str, *, label: str | None = None) -> PyAVReader:
     return PyAVReader(str(p), label=label, check_length=True, hint=hint)
 
 
+class LoopingReader:
+    """A video file played over and over (``loop:PATH``): a camera that never ends, for fleets, soak
+    runs and demos. Timestamps keep rising across the restarts (each pass is offset by the length of
+    the ones before), so recordings and subscribers see one continuous stream."""
+
+    def __init__(self, path: str, *, label: str) -> None:
+        self.path, self.label = path, label
+        self._reader = open_file(path, label=label)
+        self.fps, self.time_base = self._reader.fps, self._reader.time_base
+        self.frame_count: int | None = None  # endless
+        self.passes = 1
+        self._offset = 0  # added to the pts of the current pass, in units of time_base
+        self._end = 0  # pts just after the last frame delivered
+
+    @property
+    def decode_errors(self) -> int:
+        return self._reader.decode_errors
+
+    def read(self) -> RawFrame | None:
+        raw = self._reader.read()
+        if raw is None:
+            self._reader.close()
+            self._reader = open_file(self.path, label=self.label)
+            self.passes += 1
+            self._offset = self._end
+            raw = self._reader.read()
+            if raw is None:
+                raise SourceError(f"{self.label}: no frame on pass {self.passes}; the file changed or is empty")
+        if raw.pts is None or self.time_base is None or raw.time_base != self.time_base:
+            return raw
+        pts = raw.pts + self._offset
+        step = round(1 / (self.fps * self.time_base)) if self.fps else 1
+        self._end = max(self._end, pts + max(1, step))
+        return RawFrame(raw.image, pts, raw.time_base)
+
+    def close(self) -> None:
+        self._reader.close()
+
+
 def open_network(url: str, *, open_timeout_s: float = 10.0, read_timeout_s: float = 5.0) -> PyAVReader:
     """Open a network stream with low-delay demuxing (rtsp over TCP, no input buffering)."""
     options = {"fflags": "nobuffer", "flags": "low_delay", "max_delay": "500000"}

@@ -37,6 +37,7 @@ from pipeline.sources.readers import (
     NETWORK_SCHEMES,
     FrameReader,
     ImageReader,
+    LoopingReader,
     RawFrame,
     SourceEnded,
     SourceError,
@@ -420,8 +421,9 @@ def open_source(
     """Open a source named by ``spec`` and decode its first frame; raises SourceError.
 
     Specs: ``demo``; ``webcam`` / ``webcam:N`` / ``/dev/videoN``; rtsp/http(s)/udp/tcp URLs;
-    a video file; an image file; a folder or glob of images. ``realtime`` paces files, images
-    and the demo at their frame rate under the live (newest-wins) policy.
+    a video file; ``loop:FILE`` (a video file played over and over, endless); an image file; a folder
+    or glob of images. ``realtime`` paces files, images and the demo at their frame rate under the
+    live (newest-wins) policy.
     """
     spec = spec.strip()
     live, reconnect = realtime, False
@@ -437,6 +439,11 @@ def open_source(
         w, h = camera_size or (None, None)
         opener = lambda: open_camera(device, width=w, height=h, fps=camera_fps, open_timeout_s=open_timeout_s)  # noqa: E731
         label, default_id, live, reconnect = f"camera {device}", f"cam{number}", True, True
+    elif spec.startswith("loop:"):
+        path = spec[len("loop:"):]
+        label = f"looping file {path!r}"
+        opener = lambda: LoopingReader(path, label=label)  # noqa: E731
+        default_id = _sanitize(Path(path).stem)
     elif spec.lower().startswith(NETWORK_SCHEMES):
         opener = lambda: open_network(spec, open_timeout_s=open_timeout_s, read_timeout_s=stall_timeout_s)  # noqa: E731
         label, default_id, live, reconnect = f"stream {spec}", "stream", True, True
