@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml clients/python/pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c constraints.txt torch torchvision
-	$(PY) -m pip install -q -c constraints.txt -e './clients/python[test,images]' -e '.[test]'
+	$(PY) -m pip install -q -c constraints.txt -e './clients/python[test,images]' -e '.[test,cluster]'
 	touch $(STAMP)
 
 $(JS_STAMP): $(JS)/package.json $(JS)/package-lock.json
