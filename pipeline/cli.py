@@ -18,7 +18,7 @@ import threading
 import typing
 from typing import Any
 
-SUBCOMMANDS = ("run", "weights", "subscribe", "keys", "broker", "view", "control")
+SUBCOMMANDS = ("run", "weights", "subscribe", "keys", "broker", "view", "control", "fleet")
 log = logging.getLogger("sapiens2_stream")
 
 
@@ -81,6 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .net.commands import add_net_commands
 
     add_net_commands(sub)
+    from .cluster.commands import add_cluster_commands
+
+    add_cluster_commands(sub)
     return parser
 
 
@@ -136,6 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] not in SUBCOMMANDS and argv[0] not in ("-h", "--help"):
         argv = ["run", *argv]
+    from .cluster.fleet import fleet_argv
+
+    argv = fleet_argv(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     for noisy in ("httpx", "huggingface_hub", "ultralytics"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -50,3 +50,11 @@ def tiny(cli_env: dict[str, str], cache_dir: Path, tmp_path_factory: pytest.Temp
         assert (cache_dir / "tiny" / task / "model.safetensors").is_file()
     return cache_dir / "tiny"
 
+
+@pytest.fixture
+def redis_url(tmp_path: Path):
+    """A fresh redis-server on a free loopback port for one test (tests/clusterutil.py)."""
+    from tests.clusterutil import redis_server
+
+    with redis_server(tmp_path) as url:
+        yield url

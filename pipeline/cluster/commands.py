@@ -1,0 +1,24 @@
+"""CLI commands of the cluster side: ``fleet``, ``batch`` and ``bridge``.
+
+``add_cluster_commands(subparsers)`` registers them; each module imports Ray and Redis only when
+its command runs, so the plain install's CLI works (and says what to install) without the extra.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+
+def need(module: str, what: str):
+    """Import an optional dependency of the ``[cluster]`` extra, or fail with the line that says how to get it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise RuntimeError(f"{what} needs {module.split('.')[0]}: pip install 'sapiens2-stream[cluster]'") from None
+
+
+def add_cluster_commands(subparsers: argparse._SubParsersAction) -> None:
+    from . import fleet
+
+    fleet.add_parser(subparsers)

@@ -1,0 +1,671 @@
+"""Live camera fleets on Ray Core: ``sapiens2-stream fleet up|add|remove|status|down``.
+
+Two kinds of actor, both named (namespace ``sapiens2-stream``) and restarted by Ray without limit:
+
+- ``GpuWorker`` (``num_gpus=1``, one per GPU): the batched multi-source pipeline of one process
+  (pipeline.app: models loaded once, a Runner that sources join and leave), its publisher connected
+  to the broker's XSUB side. Frames go camera -> worker -> broker; they never touch Ray's object store.
+- ``FleetController`` (detached): owns the camera-to-worker placement and mirrors it to Redis; a
+  thread of its own watches the workers (a report every half second, and Ray's node table). When a
+  worker or its node is lost, its cameras go at once to the survivors with spare capacity (Ray's own
+  restart of the worker waits for a free GPU); the outage of each camera, from the loss to its first
+  frame on the new worker, is kept in the status and published as a status message through the broker.
+  A restarted controller reads the placement back from Redis and finds its workers by name.
+
+Ray's GPU rules are kept: plain ``num_gpus=1`` actors, no placement groups; each node's
+``CUDA_VISIBLE_DEVICES`` is fixed when the node starts (``ray start --num-gpus``), and Ray gives each
+actor its GPU. See docs/DEPLOYMENT.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlparse
+
+from .commands import need
+from .fleetspec import Camera, FleetError, FleetSpec, camera_from, load_fleet, place
+
+log = logging.getLogger(__name__)
+NAMESPACE = "sapiens2-stream"
+REPORT_EVERY_S = 0.5
+_OUTAGES_KEPT = 200
+
+
+def controller_name(fleet: str) -> str:
+    return f"{fleet}-controller"
+
+
+def worker_name(fleet: str, index: int) -> str:
+    return f"{fleet}-gpu-{index}"
+
+
+def redis_keys(fleet: str) -> dict[str, str]:
+    base = f"sapiens2:fleet:{fleet}"
+    return {"spec": f"{base}:spec", "cameras": f"{base}:cameras", "placement": f"{base}:placement",
+            "outages": f"{base}:outages", "starts": f"{base}:controller_starts"}
+
+
+# -- the GPU actor ---------------------------------------------------------------------------
+class GpuWorker:
+    """One GPU's pipeline: cameras join (``add``) and leave (``remove``) while it runs."""
+
+    def __init__(self, index: int, spec: dict[str, Any]) -> None:
+        from ..app import assemble, build_sinks
+        from ..config import load_config
+        from ..stages_setup import build_stages
+
+        spec_ = FleetSpec.from_dict(spec)
+        self.index, self.spec = index, spec_
+        overrides = {**spec_.pipeline, "publish_connect": spec_.broker, "progress": False}
+        if spec_.curve_dir:
+            overrides.update(curve_dir=spec_.curve_dir, curve_client=spec_.curve_client)
+        self.cfg = load_config(None, overrides)
+        self.stop = threading.Event()
+        self.sinks = build_sinks(self.cfg, self.stop, several=True)
+        self.stages = build_stages(self.cfg)
+        self.runner, _ = assemble(self.cfg, [], self.stages, self.sinks, self.stop,
+                                  max_frames_per_step=spec_.capacity)
+        self.runner.keep_alive = True
+        self.runner.on_result = None  # no terminal display inside an actor
+        self._thread = threading.Thread(target=self.runner.run, name=f"fleet-gpu-{index}", daemon=True)
+        self._thread.start()
+        self.node = _node_id()
+        log.info("fleet GPU actor %d on node %s (%s): ready", index, self.node, self.stages.device)
+
+    def add(self, camera: dict[str, Any]) -> dict[str, Any]:
+        """Open a camera and batch it in; {"ok": False, "error": ...} when it does not open."""
+        from ..app import open_spec
+        from ..config import SourceSpec
+        from ..sources import SourceError
+
+        cam = Camera(**camera)
+        if cam.id in self.runner.sources:
+            return {"ok": True, "already": True}
+        try:
+            source = open_spec(self.cfg, SourceSpec(cam.id, cam.uri, cam.realtime, cam.stall_timeout_s, "fleet"))
+        except SourceError as exc:
+            return {"ok": False, "error": str(exc).splitlines()[0]}
+        if self.stages.random_weights:
+            source.mark_random_weights()
+        try:
+            self.runner.add_source(source)
+        except (ValueError, RuntimeError, TimeoutError) as exc:
+            source.stop()
+            return {"ok": False, "error": str(exc)}
+        return {"ok": True}
+
+    def remove(self, camera_id: str) -> bool:
+        try:
+            self.runner.remove_source(camera_id)
+        except KeyError:
+            return False
+        return True
+
+    def report(self) -> dict[str, Any]:
+        """The cameras running here with their frame counts; raises when the pipeline has died."""
+        if not self._thread.is_alive():
+            raise RuntimeError(f"the pipeline of GPU actor {self.index} stopped: {self.runner.stats.error}")
+        failed = dict(self.runner.stats.failed)
+        return {"index": self.index, "node": self.node, "sources": self.runner.describe(), "failed": failed,
+                "pid": os.getpid()}
+
+    def shutdown(self) -> None:
+        self.stop.set()
+        self._thread.join(30)
+
+
+def _node_id() -> str:
+    import ray
+
+    return ray.get_runtime_context().get_node_id()
+
+
+# -- the controller --------------------------------------------------------------------------
+@dataclass
+class _Worker:
+    index: int
+    handle: Any
+    alive: bool = False
+    node: str | None = None
+    report_ref: Any = None
+    sent_at: float = 0.0
+    last_ok: float = 0.0
+    running: dict[str, dict] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)
+    lost_at: float | None = None
+
+
+@dataclass
+class _CameraState:
+    status: str = "pending"  # pending | starting | running | retrying | moving | waiting (no capacity)
+    error: str | None = None
+    attempts: int = 0
+    next_try: float = 0.0
+    add_ref: Any = None
+    frames: int = 0
+    down_since: float | None = None  # wall clock (time.time) of the loss that is being recovered from
+    down_reason: str | None = None
+    from_worker: int | None = None
+    outage_total_s: float = 0.0
+    last_outage_s: float | None = None
+
+
+class FleetController:
+    """See the module docstring. All state changes happen on the controller's own thread, one loop
+    step at a time; the methods called by the CLI hand their change to that thread and wait."""
+
+    def __init__(self, redis_url: str, fleet: str) -> None:
+        redis = need("redis", "fleet")
+        self.fleet, self.keys = fleet, redis_keys(fleet)
+        self.db = redis.Redis.from_url(redis_url, socket_timeout=10, socket_connect_timeout=10)
+        self.starts = int(self.db.incr(self.keys["starts"]))
+        raw = self.db.get(self.keys["spec"])
+        self.spec: FleetSpec | None = FleetSpec.from_dict(json.loads(raw)) if raw else None
+        stored = self.db.hgetall(self.keys["cameras"])
+        self.cameras = {cid.decode(): Camera(**json.loads(v)) for cid, v in stored.items()}
+        self.placement = {cid.decode(): int(v) for cid, v in self.db.hgetall(self.keys["placement"]).items()}
+        self.state = {cid: _CameraState() for cid in self.cameras}
+        self.workers: dict[int, _Worker] = {}
+        self._lock = threading.Lock()
+        self._publisher = None
+        self._stop = threading.Event()
+        if self.spec is not None:
+            self._start_workers()
+        self._thread = threading.Thread(target=self._run, name="fleet-controller", daemon=True)
+        self._thread.start()
+        log.info("fleet %s controller start %d: %d cameras, %d placed (from Redis)", fleet, self.starts,
+                 len(self.cameras), len(self.placement))
+
+    # -- calls from the CLI (repeat-safe) ---------------------------------------------------
+    def configure(self, spec: dict[str, Any]) -> dict[str, Any]:
+        """Apply a fleet file: settings, and its cameras added or updated (others are kept)."""
+        new = FleetSpec.from_dict(spec)
+        with self._lock:
+            old = self.spec
+            if old is not None and self.workers and (old.pipeline, old.broker, old.gpus) != (new.pipeline, new.broker,
+                                                                                             new.gpus):
+                return {"ok": False, "error": "this fleet runs with other pipeline, broker or gpus settings; "
+                                              "`sapiens2-stream fleet down` it first, or give it another name"}
+            self.spec = new
+            self.db.set(self.keys["spec"], json.dumps({**new.to_dict(), "cameras": []}))
+            self._start_workers()
+        for camera in new.cameras:
+            self.add(camera.to_dict())
+        return {"ok": True, "workers": len(self.workers)}
+
+    def add(self, camera: dict[str, Any]) -> dict[str, Any]:
+        cam = Camera(**camera)
+        with self._lock:
+            old = self.cameras.get(cam.id)
+            if old == cam:
+                return {"ok": True, "id": cam.id, "already": True}
+            if old is not None:
+                return {"ok": False, "error": f"camera {cam.id!r} is in the fleet with uri {old.uri!r}; remove it "
+                                              "first to change it"}
+            self.cameras[cam.id] = cam
+            self.state[cam.id] = _CameraState()
+            self.db.hset(self.keys["cameras"], cam.id, json.dumps(cam.to_dict()))
+        return {"ok": True, "id": cam.id}
+
+    def remove(self, camera_id: str) -> dict[str, Any]:
+        with self._lock:
+            if camera_id not in self.cameras:
+                return {"ok": True, "id": camera_id, "absent": True}
+            del self.cameras[camera_id]
+            self.state.pop(camera_id, None)
+            index = self.placement.pop(camera_id, None)
+            self.db.hdel(self.keys["cameras"], camera_id)
+            self.db.hdel(self.keys["placement"], camera_id)
+            worker = self.workers.get(index) if index is not None else None
+        if worker is not None and worker.alive:
+            worker.handle.remove.remote(camera_id)
+        return {"ok": True, "id": camera_id}
+
+    def status(self) -> dict[str, Any]:
+        with self._lock:
+            workers = [{"index": w.index, "node": w.node, "alive": w.alive,
+                        "state": "alive" if w.alive else ("LOST" if w.lost_at is not None else "starting"),
+                        "cameras": sorted(c for c, i in self.placement.items() if i == w.index),
+                        "running": sorted(w.running)} for w in self.workers.values()]
+            cameras = []
+            for cid, cam in sorted(self.cameras.items()):
+                st = self.state.get(cid, _CameraState())
+                cameras.append({"id": cid, "uri": cam.uri, "worker": self.placement.get(cid), "status": st.status,
+                                "frames": st.frames, "error": st.error, "attempts": st.attempts,
+                                "outage_total_s": round(st.outage_total_s, 3),
+                                "last_outage_s": None if st.last_outage_s is None else round(st.last_outage_s, 3)})
+        outages = [json.loads(o) for o in self.db.lrange(self.keys["outages"], 0, 49)]
+        return {"fleet": self.fleet, "controller_starts": self.starts,
+                "capacity": self.spec.capacity if self.spec else None, "workers": workers, "cameras": cameras,
+                "outages": outages}
+
+    def down(self) -> dict[str, Any]:
+        """Stop every worker and forget the fleet (Redis keys deleted); the controller is killed by the CLI."""
+        import ray
+
+        self._stop.set()
+        with self._lock:
+            for worker in self.workers.values():
+                try:
+                    ray.kill(worker.handle, no_restart=True)
+                except Exception:  # already gone
+                    log.debug("killing worker %d", worker.index, exc_info=True)
+            self.db.delete(*self.keys.values())
+        return {"ok": True}
+
+    # -- the controller's loop ------------------------------------------------------------------
+    def _start_workers(self) -> None:
+        """Create the GPU actors (or find them by name after a controller restart)."""
+        import ray
+
+        assert self.spec is not None
+        count = self.spec.gpus or max(1, int(ray.cluster_resources().get("GPU", 0)))
+        actor = ray.remote(GpuWorker)
+        for index in range(count):
+            if index in self.workers:
+                continue
+            handle = actor.options(name=worker_name(self.fleet, index), namespace=NAMESPACE, lifetime="detached",
+                                   get_if_exists=True, max_restarts=-1, max_task_retries=0,
+                                   num_gpus=self.spec.gpus_per_actor, num_cpus=0, max_concurrency=16
+                                   ).remote(index, self.spec.to_dict())
+            self.workers[index] = _Worker(index, handle)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                with self._lock:
+                    self._step()
+            except Exception:  # the loop must outlive any one failure (Redis blip, a dying actor)
+                log.exception("fleet controller step failed; going on")
+            self._stop.wait(0.1)
+
+    def _step(self) -> None:
+        import ray
+
+        now = time.monotonic()
+        for worker in self.workers.values():
+            if worker.report_ref is None:
+                worker.report_ref, worker.sent_at = worker.handle.report.remote(), now
+        refs = [w.report_ref for w in self.workers.values()]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=REPORT_EVERY_S) if refs else ([], [])
+        alive_nodes = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+        for worker in self.workers.values():
+            if worker.report_ref in ready:
+                ref, worker.report_ref = worker.report_ref, None
+                try:
+                    report = ray.get(ref)
+                except Exception as exc:  # RayActorError, ActorUnavailableError, a dead pipeline
+                    self._lost(worker, f"GPU actor {worker.index} failed ({type(exc).__name__})")
+                    if "stopped" in str(exc):
+                        ray.kill(worker.handle, no_restart=False)  # let Ray restart a dead pipeline
+                    continue
+                self._alive(worker, report)
+            elif worker.alive and worker.node is not None and worker.node not in alive_nodes:
+                self._lost(worker, f"node {worker.node[:12]} of GPU actor {worker.index} is gone")
+                worker.report_ref = None
+            elif now - worker.sent_at > self.spec.liveness_s and (worker.alive or self._has_cameras(worker)):
+                # (never answered since a controller restart, yet holds cameras: Ray may be restarting it
+                # and waiting for a free GPU; its cameras must not wait with it)
+                self._lost(worker, f"GPU actor {worker.index} did not answer for {self.spec.liveness_s:.0f} s")
+                worker.report_ref = None
+        self._finish_adds()
+        self._place_and_start(now)
+
+    def _has_cameras(self, worker: _Worker) -> bool:
+        return any(index == worker.index for index in self.placement.values())
+
+    def _alive(self, worker: _Worker, report: dict[str, Any]) -> None:
+        worker.alive, worker.node, worker.last_ok, worker.lost_at = True, report["node"], time.monotonic(), None
+        worker.running = {s["id"]: s for s in report["sources"]}
+        worker.failed = report["failed"]
+        for cid, desc in worker.running.items():
+            if self.placement.get(cid) != worker.index:
+                worker.handle.remove.remote(cid)  # moved or removed while this worker was away
+                continue
+            st = self.state[cid]
+            st.frames = int(desc.get("frames") or 0)
+            if st.status != "running":
+                st.status = "running" if st.frames > 0 else "starting"
+            if st.status == "running" and st.down_since is not None:
+                self._resumed(cid, st, worker.index)
+            if st.status == "running":
+                st.error, st.attempts = None, 0
+        for cid, index in list(self.placement.items()):
+            st = self.state.get(cid)
+            if index != worker.index or st is None or cid in worker.running or st.add_ref is not None:
+                continue
+            if st.status in ("running", "starting"):  # it ended or failed on the worker: try again later
+                why = worker.failed.get(cid) or "the source ended"
+                self._retry_later(cid, st, why)
+
+    def _lost(self, worker: _Worker, why: str) -> None:
+        if not worker.alive and worker.lost_at is not None and not self._has_cameras(worker):
+            return
+        log.warning("fleet %s: %s; moving its cameras", self.fleet, why)
+        wall = time.time()
+        worker.alive, worker.lost_at, worker.running = False, time.monotonic(), {}
+        for cid, index in list(self.placement.items()):
+            if index != worker.index:
+                continue
+            st = self.state[cid]
+            if st.down_since is None:
+                st.down_since, st.down_reason, st.from_worker = wall, why, worker.index
+            st.status, st.add_ref, st.next_try = "moving", None, 0.0
+            del self.placement[cid]
+            self.db.hdel(self.keys["placement"], cid)
+            self._publish_status(cid, "reconnecting", {"event": "reconnecting", "reason": f"fleet: {why}"})
+
+    def _resumed(self, cid: str, st: _CameraState, index: int) -> None:
+        outage = max(0.0, time.time() - st.down_since)
+        record = {"camera": cid, "from": st.from_worker, "to": index, "reason": st.down_reason,
+                  "lost_at": st.down_since, "resumed_at": time.time(), "outage_s": round(outage, 3)}
+        self.db.lpush(self.keys["outages"], json.dumps(record))
+        self.db.ltrim(self.keys["outages"], 0, _OUTAGES_KEPT - 1)
+        st.outage_total_s += outage
+        st.last_outage_s, st.down_since = outage, None
+        log.warning("fleet %s: camera %s resumed on GPU actor %d after %.1f s", self.fleet, cid, index, outage)
+        self._publish_status(cid, "ok", {"event": "resumed", "outage_s": outage,
+                                         "reason": f"fleet: moved from GPU actor {record['from']} to {index}"})
+
+    def _retry_later(self, cid: str, st: _CameraState, why: str) -> None:
+        st.attempts += 1
+        delay = min(self.spec.retry_max_s, 2.0 ** min(st.attempts - 1, 10))
+        st.status, st.error, st.next_try = "retrying", why, time.monotonic() + delay
+        log.warning("fleet %s: camera %s: %s; next try in %.0f s", self.fleet, cid, why, delay)
+
+    def _finish_adds(self) -> None:
+        import ray
+
+        for cid, st in self.state.items():
+            if st.add_ref is None:
+                continue
+            ready, _ = ray.wait([st.add_ref], timeout=0)
+            if not ready:
+                continue
+            ref, st.add_ref = st.add_ref, None
+            try:
+                reply = ray.get(ref)
+            except Exception as exc:  # the worker died during the add: _lost() moves the camera
+                reply = {"ok": False, "error": f"GPU actor failed ({type(exc).__name__})"}
+            if reply.get("ok"):
+                st.status = "starting" if st.status != "running" else st.status
+            else:
+                self._retry_later(cid, st, reply.get("error", "did not open"))
+
+    def _place_and_start(self, now: float) -> None:
+        live = {i: w for i, w in self.workers.items() if w.alive}
+        loads = {i: sum(1 for c in self.placement.values() if c == i) for i in live}
+        for cid in sorted(self.cameras):
+            st = self.state[cid]
+            if cid in self.placement or st.add_ref is not None:
+                index = self.placement.get(cid)
+                worker = live.get(index) if index is not None else None
+                due = st.status in ("retrying", "pending") and now >= st.next_try
+                if worker is not None and st.add_ref is None and cid not in worker.running and due:
+                    st.add_ref = worker.handle.add.remote(self.cameras[cid].to_dict())
+                continue
+            index = place(loads, self.spec.capacity) if live else None
+            if index is None:  # every GPU actor is full ("waiting"), or none has started yet
+                st.status = "waiting" if live else ("moving" if st.status == "moving" else "pending")
+                continue
+            loads[index] += 1
+            self.placement[cid] = index
+            self.db.hset(self.keys["placement"], cid, index)
+            if st.status not in ("moving",):
+                st.status = "pending"
+            st.add_ref = live[index].handle.add.remote(self.cameras[cid].to_dict())
+
+    def _publish_status(self, cid: str, health: str, event: dict[str, Any]) -> None:
+        """A status message for the camera through the broker, so subscribers see the outage."""
+        import zmq
+
+        from sapiens2_client import wire
+
+        try:
+            if self._publisher is None:
+                ctx = zmq.Context.instance()
+                sock = ctx.socket(zmq.PUB)
+                sock.setsockopt(zmq.LINGER, 1000)
+                sock.setsockopt(zmq.SNDHWM, 1000)
+                if self.spec.curve_dir:
+                    from sapiens2_client.keys import CurveClientKeys
+
+                    CurveClientKeys.from_dir(self.spec.curve_dir, self.spec.curve_client).apply(sock)
+                sock.connect(self.spec.broker)
+                self._publisher = sock
+            fields = {"fps": 0.0, "health": health, "frames": self.state[cid].frames, "last_frame_index": -1,
+                      "drops": {}, "event": {**event, "time_ns": time.time_ns()}}
+            self._publisher.send_multipart(wire.encode("status", cid, fields, publish_ns=time.time_ns()),
+                                           zmq.NOBLOCK)
+        except Exception:  # a status message is best effort; the fleet status has the same facts
+            log.debug("fleet status message for %s not sent", cid, exc_info=True)
+
+
+# -- the CLI ---------------------------------------------------------------------------------
+ACTIONS = ("up", "add", "remove", "status", "down")
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    f = subparsers.add_parser("fleet", help="live camera fleets on a Ray cluster (up, add, remove, status, down)")
+    fsub = f.add_subparsers(dest="fleet_action", required=True)
+
+    def common(p: argparse.ArgumentParser, fleet_file: bool = False) -> None:
+        p.add_argument("--address", help="Ray cluster address (HOST:PORT of the head; default: $RAY_ADDRESS, "
+                                         "else `up` starts a local cluster)")
+        if not fleet_file:
+            p.add_argument("--name", default="sapiens2", help="the fleet's name (as in its file)")
+        p.add_argument("--json", action="store_true", help="print the reply as JSON")
+        p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the fleet to answer")
+
+    up = fsub.add_parser("up", help="start a fleet (or apply its file again: repeat-safe)")
+    up.add_argument("fleet_file", metavar="FLEET.yaml")
+    common(up, fleet_file=True)
+    up.add_argument("--detach", action="store_true", help="return once the cameras are placed (needs --address)")
+    up.set_defaults(func=cmd_up)
+    add = fsub.add_parser("add", help="add a camera to a running fleet (repeat-safe)")
+    add.add_argument("camera", metavar="ID=URI")
+    add.add_argument("--realtime", action=argparse.BooleanOptionalAction, default=None)
+    common(add)
+    add.set_defaults(func=cmd_add)
+    rm = fsub.add_parser("remove", help="remove a camera from a running fleet (repeat-safe)")
+    rm.add_argument("camera_id", metavar="ID")
+    common(rm)
+    rm.set_defaults(func=cmd_remove)
+    st = fsub.add_parser("status", help="placement, cameras, workers and outages of a running fleet")
+    common(st)
+    st.set_defaults(func=cmd_status)
+    dn = fsub.add_parser("down", help="stop a fleet: its GPU actors, its controller and its Redis keys")
+    common(dn)
+    dn.set_defaults(func=cmd_down)
+
+
+def fleet_argv(argv: list[str]) -> list[str]:
+    """``fleet FLEET.yaml ...`` is ``fleet up FLEET.yaml ...``."""
+    if len(argv) >= 2 and argv[0] == "fleet" and argv[1] not in ACTIONS and not argv[1].startswith("-"):
+        return ["fleet", "up", *argv[1:]]
+    return argv
+
+
+def check_reachable(url_or_endpoint: str, what: str, timeout_s: float = 3.0) -> None:
+    """A TCP connect to HOST:PORT, so that an unreachable service is one line before anything starts."""
+    text = url_or_endpoint if "://" in url_or_endpoint else f"tcp://{url_or_endpoint}"
+    parsed = urlparse(text)
+    if parsed.scheme not in ("tcp", "redis", "rediss", "ray") or not parsed.hostname or not parsed.port:
+        return  # ipc:// and unix sockets: nothing to probe here
+    try:
+        with socket.create_connection((parsed.hostname, parsed.port), timeout=timeout_s):
+            pass
+    except OSError as exc:
+        raise FleetError(f"{what} {url_or_endpoint} is not reachable ({exc.strerror or exc}); start it or fix "
+                         "the address") from None
+
+
+def _connect(address: str | None, start_local: bool = False) -> bool:
+    """Connect to the Ray cluster; True when a local one was started here (it ends with this process)."""
+    ray = need("ray", "fleet")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    address = address or os.environ.get("RAY_ADDRESS")
+    if address and address != "auto":
+        check_reachable(address.removeprefix("ray://"), "Ray address")
+    elif not start_local:
+        address = "auto"
+    kwargs: dict[str, Any] = {"namespace": NAMESPACE, "logging_level": logging.WARNING, "log_to_driver": False}
+    try:
+        if address:
+            ray.init(address=address, **kwargs)
+            return False
+        ray.init(include_dashboard=False, **kwargs)
+        return True
+    except ConnectionError as exc:
+        raise FleetError(f"no Ray cluster at {address}: {str(exc).splitlines()[0]}; pass --address HOST:PORT "
+                         "of a running head (`ray start --head`)") from None
+
+
+def _controller(name: str, timeout_s: float):
+    import ray
+
+    try:
+        return ray.get_actor(controller_name(name), namespace=NAMESPACE)
+    except ValueError:
+        raise FleetError(f"no fleet named {name!r} runs on this Ray cluster; start it with "
+                         "`sapiens2-stream fleet up FLEET.yaml`") from None
+
+
+def _call(method, *args, timeout_s: float) -> Any:
+    import ray
+
+    try:
+        return ray.get(method.remote(*args), timeout=timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        raise FleetError(f"the fleet controller did not answer within {timeout_s:.0f} s") from None
+
+
+def _print(reply: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(reply, sort_keys=True))
+    elif not reply.get("ok", True):
+        raise FleetError(reply.get("error", "refused"))
+
+
+def format_status(status: dict[str, Any]) -> str:
+    lines = [f"fleet {status['fleet']}: {len(status['cameras'])} cameras, capacity {status['capacity']} per GPU "
+             f"actor, controller start {status['controller_starts']}"]
+    for w in status["workers"]:
+        lines.append(f"  gpu-{w['index']}: {w['state']} node {(w['node'] or '?')[:12]} "
+                     f"cameras {', '.join(w['cameras']) or '-'}")
+    for c in status["cameras"]:
+        where = "-" if c["worker"] is None else f"gpu-{c['worker']}"
+        extra = f" error: {c['error']}" if c["error"] else ""
+        outage = f" last outage {c['last_outage_s']:.1f} s" if c["last_outage_s"] is not None else ""
+        lines.append(f"  {c['id']}: {c['status']} on {where}, {c['frames']} frames{outage}{extra}")
+    return "\n".join(lines)
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    import ray
+
+    spec = load_fleet(args.fleet_file)
+    check_reachable(spec.broker, "broker")
+    check_reachable(spec.redis, "Redis")
+    redis = need("redis", "fleet")
+    try:
+        redis.Redis.from_url(spec.redis, socket_connect_timeout=3, socket_timeout=3).ping()
+    except redis.RedisError as exc:
+        raise FleetError(f"Redis {spec.redis} does not answer ({exc}); start it or fix the URL") from None
+    if args.detach and not (args.address or os.environ.get("RAY_ADDRESS")):
+        raise FleetError("--detach needs a Ray cluster that outlives this command: pass --address")
+    local = _connect(args.address, start_local=True)
+    gpus = int(ray.cluster_resources().get("GPU", 0))
+    if spec.gpus_per_actor and gpus < 1:
+        raise FleetError("this Ray cluster has no GPUs; start its nodes with `ray start --num-gpus N`, or set "
+                         "gpus_per_actor: 0 for a CPU-only trial fleet")
+    actor = ray.remote(FleetController).options(
+        name=controller_name(spec.name), namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
+        max_restarts=-1, max_task_retries=-1, num_cpus=0, max_concurrency=8)
+    controller = actor.remote(spec.redis, spec.name)
+    reply = _call(controller.configure, spec.to_dict(), timeout_s=args.timeout)
+    _print(reply, args.json)
+    status = _wait_placed(controller, args.timeout)
+    if not args.json:
+        print(format_status(status), flush=True)
+    if args.detach:
+        return 0
+    stop = threading.Event()
+    import signal
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    last = ""
+    while not stop.wait(2.0):
+        try:
+            text = format_status(_call(controller.status, timeout_s=args.timeout))
+        except FleetError as exc:
+            text = f"fleet {spec.name}: {exc}"
+        if text != last and not args.json:
+            print(text, flush=True)
+        last = text
+    if local:  # the local cluster ends with this process: take the fleet down cleanly first
+        _call(controller.down, timeout_s=args.timeout)
+        ray.kill(controller, no_restart=True)
+        print(f"fleet {spec.name}: stopped (local Ray cluster)")
+    return 0
+
+
+def _wait_placed(controller, timeout_s: float) -> dict[str, Any]:
+    """Wait until every camera is running, retrying or waiting for capacity (not pending/starting)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        status = _call(controller.status, timeout_s=timeout_s)
+        settled = all(c["status"] in ("running", "retrying", "waiting") for c in status["cameras"])
+        if settled or time.monotonic() > deadline:
+            return status
+        time.sleep(0.5)
+
+
+def cmd_add(args: argparse.Namespace) -> int:
+    cid, sep, uri = args.camera.partition("=")
+    if not sep:
+        raise FleetError(f"camera {args.camera!r}: write it as ID=URI, e.g. lobby=rtsp://cam-1/stream")
+    camera = camera_from({"id": cid, "uri": uri, **({} if args.realtime is None else {"realtime": args.realtime})},
+                         "fleet add")
+    _connect(args.address)
+    reply = _call(_controller(args.name, args.timeout).add, camera.to_dict(), timeout_s=args.timeout)
+    _print(reply, args.json)
+    if not args.json:
+        print(f"camera {cid}: {'already in the fleet' if reply.get('already') else 'added'}")
+    return 0
+
+
+def cmd_remove(args: argparse.Namespace) -> int:
+    _connect(args.address)
+    reply = _call(_controller(args.name, args.timeout).remove, args.camera_id, timeout_s=args.timeout)
+    _print(reply, args.json)
+    if not args.json:
+        print(f"camera {args.camera_id}: {'not in the fleet' if reply.get('absent') else 'removed'}")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    _connect(args.address)
+    status = _call(_controller(args.name, args.timeout).status, timeout_s=args.timeout)
+    print(json.dumps(status, sort_keys=True) if args.json else format_status(status))
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    import ray
+
+    _connect(args.address)
+    controller = _controller(args.name, args.timeout)
+    _call(controller.down, timeout_s=args.timeout)
+    ray.kill(controller, no_restart=True)
+    print(f"fleet {args.name}: stopped")
+    return 0

@@ -1,0 +1,239 @@
+"""Live fleets on a real multi-node Ray cluster on this machine (ray.cluster_utils.Cluster: a head and
+two worker nodes that declare one logical GPU each), tiny models on the CPU, a real broker, a real
+redis-server, the real CLI: cameras reach a subscriber at the broker; the controller killed and
+restarted keeps the placement (Redis); a worker node removed without grace, and its cameras resume
+on the survivor."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline.cluster.fleet import NAMESPACE, controller_name
+from pipeline.cluster.fleetspec import place
+from pipeline.net.broker import Broker
+from sapiens2_client.messages import KeypointsMessage, StatusMessage
+from sapiens2_client.subscriber import ReceiveTimeout, Subscriber
+from tests.cliutil import CLI, make_video, run_cli
+from tests.clusterutil import free_port, redis_server
+
+RESUME_DEADLINE_S = 90.0  # the stated bound: node loss -> every camera's first frame on the survivor
+CAMERAS = ("north", "south", "west")
+
+
+def test_placement_spreads_by_spare_capacity() -> None:
+    assert place({0: 0, 1: 0}, 2) == 0
+    assert place({0: 1, 1: 0}, 2) == 1
+    assert place({0: 2, 1: 1}, 2) == 1
+    assert place({0: 2, 1: 2}, 2) is None
+    assert place({}, 2) is None
+
+
+# -- bad input: one line, before Ray starts -----------------------------------------------------
+def _fleet_file(tmp_path: Path, **overrides) -> Path:
+    data = {"broker": "tcp://127.0.0.1:1", "redis": "redis://127.0.0.1:1/0", "capacity": 2,
+            "cameras": [{"id": "a", "uri": "demo"}], **overrides}
+    path = tmp_path / "fleet.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("overrides, needle", [
+    ({"cameraz": []}, "unknown key 'cameraz'"),
+    ({"cameras": [{"id": "a", "uri": "demo"}, {"id": "a", "uri": "demo"}]}, "used twice"),
+    ({"capacity": 0}, "capacity must be a whole number"),
+    ({"cameras": [{"id": "a", "uri": "demo", "fps": 3}]}, "unknown key 'fps'"),
+    ({"pipeline": {"record": "x.mp4"}}, "pipeline.record is set by the fleet"),
+    ({"pipeline": {"tasks": ["posture"]}}, "pipeline"),
+    ({"broker": "127.0.0.1:5555"}, "no transport"),
+    ({}, "broker tcp://127.0.0.1:1 is not reachable"),
+])
+def test_bad_fleet_file_is_one_line_before_anything_starts(tmp_path: Path, cli_env: dict, overrides: dict,
+                                                           needle: str) -> None:
+    ran = run_cli(["fleet", _fleet_file(tmp_path, **overrides)], cli_env, tmp_path, timeout=60)
+    assert ran.rc == 1, ran.stderr
+    lines = [line for line in ran.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and needle in lines[0], ran.stderr
+    assert "Traceback" not in ran.stderr
+
+
+@pytest.mark.timeout(120)
+def test_unreachable_redis_and_ray_address_are_one_line(tmp_path: Path, cli_env: dict) -> None:
+    with Broker("tcp://127.0.0.1:*", "tcp://127.0.0.1:*") as broker:
+        fleet = _fleet_file(tmp_path, broker=broker.xsub_endpoint)
+        ran = run_cli(["fleet", "up", fleet], cli_env, tmp_path, timeout=60)
+        assert ran.rc == 1 and "error: Redis redis://127.0.0.1:1/0 is not reachable" in ran.stderr, ran.stderr
+        with redis_server(tmp_path) as url:
+            fleet = _fleet_file(tmp_path, broker=broker.xsub_endpoint, redis=url)
+            ran = run_cli(["fleet", "up", fleet, "--address", f"127.0.0.1:{free_port()}"], cli_env, tmp_path,
+                          timeout=60)
+    assert ran.rc == 1 and "error: Ray address 127.0.0.1:" in ran.stderr and "not reachable" in ran.stderr, \
+        ran.stderr
+    ran = run_cli(["fleet", "status", "--address", f"127.0.0.1:{free_port()}"], cli_env, tmp_path, timeout=60)
+    assert ran.rc == 1 and ran.stderr.count("error:") == 1 and "not reachable" in ran.stderr, ran.stderr
+
+
+# -- the fleet on a three-node cluster ----------------------------------------------------------
+def _wait(predicate, deadline_s: float, what: str, every_s: float = 0.5):
+    end = time.monotonic() + deadline_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        assert time.monotonic() < end, f"timed out waiting for {what}"
+        time.sleep(every_s)
+
+
+def _frames_after(sub: Subscriber, since_ns: int, wanted: set[str], deadline_s: float,
+                  statuses: list | None = None) -> dict[str, int]:
+    """Receive until every camera in ``wanted`` sent a keypoint message captured after ``since_ns``;
+    returns the capture time of each one's first such message."""
+    first: dict[str, int] = {}
+    end = time.monotonic() + deadline_s
+    while set(first) != wanted:
+        assert time.monotonic() < end, f"no new keypoints from {sorted(wanted - set(first))}"
+        try:
+            msg = sub.recv(timeout_s=1.0)
+        except ReceiveTimeout:
+            continue
+        if isinstance(msg, KeypointsMessage) and msg.meta.source_id in wanted and msg.meta.capture_ns > since_ns:
+            first.setdefault(msg.meta.source_id, msg.meta.capture_ns)
+        elif isinstance(msg, StatusMessage) and statuses is not None:
+            statuses.append(msg)
+    return first
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory, cli_env: dict, tiny: Path):
+    import ray
+    from ray.cluster_utils import Cluster
+
+    saved = dict(os.environ)
+    os.environ.update(cli_env, RAY_USAGE_STATS_ENABLED="0")  # the Ray nodes' workers inherit these
+    folder = tmp_path_factory.mktemp("fleet")
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 0,
+                                                            "include_dashboard": False})
+    nodes = [cluster.add_node(num_cpus=1, num_gpus=1) for _ in range(2)]
+    try:
+        with redis_server(folder) as url, Broker("tcp://127.0.0.1:*", "tcp://127.0.0.1:*") as broker:
+            ray.init(address=cluster.address, namespace=NAMESPACE, log_to_driver=False)
+            yield {"cluster": cluster, "nodes": nodes, "redis": url, "broker": broker, "folder": folder,
+                   "tiny": tiny, "env": {**cli_env, "RAY_USAGE_STATS_ENABLED": "0"}}
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def _status(c: dict) -> dict:
+    ran = run_cli(["fleet", "status", "--address", c["cluster"].address, "--name", "t", "--json"], c["env"],
+                  c["folder"], timeout=120)
+    assert ran.rc == 0, ran.stderr
+    return json.loads(ran.stdout)
+
+
+@pytest.mark.timeout(900)
+def test_fleet_places_cameras_survives_controller_restart_and_node_loss(cluster: dict) -> None:
+    import ray
+
+    c = cluster
+    clip = make_video(c["folder"] / "clip.mp4", 10, w=96, h=64, fps=10)
+    spec = {"name": "t", "broker": c["broker"].xsub_endpoint, "redis": c["redis"], "capacity": 4,
+            "liveness_s": 30,
+            "pipeline": {"tasks": ["pose"], "detector": "full-frame", "fallback_tiny": True, "device": "cpu",
+                         "dtype": "float32", "checkpoints": {"pose": str(c["tiny"] / "pose")}},
+            "cameras": [{"id": cid, "uri": f"loop:{clip}", "realtime": True} for cid in CAMERAS]
+            + [{"id": "broken", "uri": str(c["folder"] / "missing.mp4")}]}
+    fleet = c["folder"] / "fleet.yaml"
+    fleet.write_text(yaml.safe_dump(spec))
+    sub = Subscriber(c["broker"].xpub_endpoint, ["keypoints", "status"])
+    try:
+        ran = run_cli(["fleet", "up", fleet, "--address", c["cluster"].address, "--detach"], c["env"], c["folder"],
+                      timeout=300)
+        assert ran.rc == 0, ran.stderr
+        assert "north: running" in ran.stdout, ran.stdout
+        started = time.time_ns()
+        _frames_after(sub, 0, set(CAMERAS), 120)
+
+        # A camera that never opens is retried with backoff and blocks nobody.
+        status = _status(c)
+        broken = next(cam for cam in status["cameras"] if cam["id"] == "broken")
+        assert broken["status"] == "retrying" and "no such file" in broken["error"], broken
+        assert {cam["id"]: cam["status"] for cam in status["cameras"] if cam["id"] != "broken"} == \
+            dict.fromkeys(CAMERAS, "running")
+        assert sorted(w["index"] for w in status["workers"] if w["alive"]) == [0, 1]
+
+        # add / remove work on the running fleet and are repeat-safe.
+        args = ["--address", c["cluster"].address, "--name", "t"]
+        assert "added" in run_cli(["fleet", "add", f"east=loop:{clip}", *args], c["env"], c["folder"]).stdout
+        again = run_cli(["fleet", "add", f"east=loop:{clip}", *args], c["env"], c["folder"])
+        assert again.rc == 0 and "already in the fleet" in again.stdout, again.stderr
+        other = run_cli(["fleet", "add", "east=demo", *args], c["env"], c["folder"])
+        assert other.rc == 1 and "remove it first" in other.stderr, other.stderr
+        _frames_after(sub, started, {"east"}, 120)
+        assert "removed" in run_cli(["fleet", "remove", "east", *args], c["env"], c["folder"]).stdout
+        gone = run_cli(["fleet", "remove", "east", *args], c["env"], c["folder"])
+        assert gone.rc == 0 and "not in the fleet" in gone.stdout
+        _wait(lambda: all(cam["id"] != "east" for cam in _status(c)["cameras"]), 60, "east removed")
+
+        # The controller killed: Ray restarts it, it reads the placement back from Redis, and the
+        # cameras never stopped (their workers were not touched).
+        before = {cam["id"]: cam["worker"] for cam in _status(c)["cameras"]}
+        ray.kill(ray.get_actor(controller_name("t"), namespace=NAMESPACE), no_restart=False)
+        restarted = _wait(lambda: (s := _status(c))["controller_starts"] == 2 and s, 120, "controller restart")
+        assert {cam["id"]: cam["worker"] for cam in restarted["cameras"]} == before
+        _frames_after(sub, time.time_ns(), set(CAMERAS), 60)
+
+        # A worker node removed without grace: its cameras go to the survivor at once.
+        status = _wait(lambda: (s := _status(c)) and all(w["alive"] for w in s["workers"]) and s, 60, "workers")
+        victim = max(status["workers"], key=lambda w: len([x for x in w["cameras"] if x != "broken"]))
+        moved = sorted(x for x in victim["cameras"] if x != "broken")
+        assert moved, status
+        node = next(n for n in c["nodes"] if n.node_id == victim["node"])
+        statuses: list = []
+        lost_ns = time.time_ns()
+        t0 = time.monotonic()
+        c["cluster"].remove_node(node, allow_graceful=False)
+        first = _frames_after(sub, lost_ns, set(CAMERAS), RESUME_DEADLINE_S, statuses)
+        resumed_s = {cid: (ns - lost_ns) / 1e9 for cid, ns in first.items()}
+        print(f"failover: node lost -> first frame on the survivor: {resumed_s} (in {time.monotonic() - t0:.1f} s)")
+        after = _wait(lambda: (s := _status(c)) and all(cam["status"] == "running" for cam in s["cameras"]
+                                                         if cam["id"] in moved) and s, 60, "moved cameras running")
+        survivor = next(w["index"] for w in status["workers"] if w["index"] != victim["index"])
+        assert {cam["id"]: cam["worker"] for cam in after["cameras"] if cam["id"] in CAMERAS} == \
+            dict.fromkeys(CAMERAS, survivor)
+        outages = {o["camera"]: o for o in after["outages"]}
+        for cid in moved:
+            assert outages[cid]["from"] == victim["index"] and outages[cid]["to"] == survivor
+            assert 0 < outages[cid]["outage_s"] < RESUME_DEADLINE_S
+            assert next(cam for cam in after["cameras"] if cam["id"] == cid)["last_outage_s"] > 0
+        # Subscribers were told, through the broker, in status messages.
+        _wait(lambda: any(m.header.get("event", {}).get("event") == "resumed" and m.source_id in moved
+                          for m in statuses) or _drain_statuses(sub, statuses), 30, "a resumed status message")
+        text = run_cli(["fleet", "status", "--address", c["cluster"].address, "--name", "t"], c["env"],
+                       c["folder"]).stdout
+        assert "LOST" in text and "last outage" in text, text
+    finally:
+        sub.close()
+        subprocess.run([*CLI, "fleet", "down", "--address", c["cluster"].address, "--name", "t"], env=c["env"],
+                       cwd=c["folder"], capture_output=True, timeout=120)
+
+
+def _drain_statuses(sub: Subscriber, statuses: list) -> bool:
+    try:
+        for _ in range(200):
+            msg = sub.recv(timeout_s=0.2)
+            if isinstance(msg, StatusMessage):
+                statuses.append(msg)
+    except ReceiveTimeout:
+        pass
+    return False
+
