@@ -18,7 +18,7 @@ import threading
 import typing
 from typing import Any
 
-SUBCOMMANDS = ("run", "weights", "subscribe", "keys", "broker", "view", "control", "fleet")
+SUBCOMMANDS = ("run", "weights", "subscribe", "keys", "broker", "view", "control", "fleet", "bridge")
 log = logging.getLogger("sapiens2_stream")
 
 

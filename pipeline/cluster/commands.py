@@ -19,6 +19,7 @@ def need(module: str, what: str):
 
 
 def add_cluster_commands(subparsers: argparse._SubParsersAction) -> None:
-    from . import fleet
+    from . import fleet, streams
 
     fleet.add_parser(subparsers)
+    streams.add_parser(subparsers)
