@@ -138,6 +138,7 @@ class _Worker:
     report_ref: Any = None
     sent_at: float = 0.0
     last_ok: float = 0.0
+    last_ok_wall: float | None = None  # time.time() of the last report: the outage is counted from there
     running: dict[str, dict] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)
     lost_at: float | None = None
@@ -151,7 +152,7 @@ class _CameraState:
     next_try: float = 0.0
     add_ref: Any = None
     frames: int = 0
-    down_since: float | None = None  # wall clock (time.time) of the loss that is being recovered from
+    down_since: float | None = None  # wall clock (time.time) of the last report before the loss
     down_reason: str | None = None
     from_worker: int | None = None
     outage_total_s: float = 0.0
@@ -242,8 +243,11 @@ class FleetController:
                                 "frames": st.frames, "error": st.error, "attempts": st.attempts,
                                 "outage_total_s": round(st.outage_total_s, 3),
                                 "last_outage_s": None if st.last_outage_s is None else round(st.last_outage_s, 3)})
-        outages = [json.loads(o) for o in self.db.lrange(self.keys["outages"], 0, 49)]
-        return {"fleet": self.fleet, "controller_starts": self.starts,
+        try:
+            outages, redis_ok = [json.loads(o) for o in self.db.lrange(self.keys["outages"], 0, 49)], True
+        except Exception:  # Redis away: the live state is still known here
+            outages, redis_ok = [], False
+        return {"fleet": self.fleet, "controller_starts": self.starts, "redis_ok": redis_ok,
                 "capacity": self.spec.capacity if self.spec else None, "workers": workers, "cameras": cameras,
                 "outages": outages}
 
@@ -324,6 +328,7 @@ class FleetController:
 
     def _alive(self, worker: _Worker, report: dict[str, Any]) -> None:
         worker.alive, worker.node, worker.last_ok, worker.lost_at = True, report["node"], time.monotonic(), None
+        worker.last_ok_wall = time.time()
         worker.running = {s["id"]: s for s in report["sources"]}
         worker.failed = report["failed"]
         for cid, desc in worker.running.items():
@@ -350,7 +355,7 @@ class FleetController:
         if not worker.alive and worker.lost_at is not None and not self._has_cameras(worker):
             return
         log.warning("fleet %s: %s; moving its cameras", self.fleet, why)
-        wall = time.time()
+        wall = worker.last_ok_wall or time.time()  # the last moment it was known to work
         worker.alive, worker.lost_at, worker.running = False, time.monotonic(), {}
         for cid, index in list(self.placement.items()):
             if index != worker.index:
@@ -557,7 +562,8 @@ def _print(reply: dict[str, Any], as_json: bool) -> None:
 
 def format_status(status: dict[str, Any]) -> str:
     lines = [f"fleet {status['fleet']}: {len(status['cameras'])} cameras, capacity {status['capacity']} per GPU "
-             f"actor, controller start {status['controller_starts']}"]
+             f"actor, controller start {status['controller_starts']}"
+             + ("" if status.get("redis_ok", True) else " (Redis unreachable: the placement is not mirrored)")]
     for w in status["workers"]:
         lines.append(f"  gpu-{w['index']}: {w['state']} node {(w['node'] or '?')[:12]} "
                      f"cameras {', '.join(w['cameras']) or '-'}")
