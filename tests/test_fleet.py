@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -78,6 +79,33 @@ def test_unreachable_redis_and_ray_address_are_one_line(tmp_path: Path, cli_env:
         ran.stderr
     ran = run_cli(["fleet", "status", "--address", f"127.0.0.1:{free_port()}"], cli_env, tmp_path, timeout=60)
     assert ran.rc == 1 and ran.stderr.count("error:") == 1 and "not reachable" in ran.stderr, ran.stderr
+
+
+@pytest.mark.timeout(300)
+def test_local_fleet_without_address_runs_and_ctrl_c_takes_it_down(tmp_path: Path, cli_env: dict, tiny: Path,
+                                                                    redis_url: str) -> None:
+    import redis
+
+    clip = make_video(tmp_path / "clip.mp4", 10, w=96, h=64, fps=10)
+    with Broker("tcp://127.0.0.1:*", "tcp://127.0.0.1:*") as broker:
+        fleet = _fleet_file(tmp_path, name="solo", broker=broker.xsub_endpoint, redis=redis_url, gpus=1,
+                            gpus_per_actor=0, pipeline={"tasks": ["pose"], "detector": "full-frame",
+                                                        "fallback_tiny": True, "device": "cpu", "dtype": "float32",
+                                                        "checkpoints": {"pose": str(tiny / "pose")}},
+                            cameras=[{"id": "solo-cam", "uri": f"loop:{clip}", "realtime": True}])
+        sub = Subscriber(broker.xpub_endpoint, ["keypoints"])
+        proc = subprocess.Popen([*CLI, "fleet", str(fleet)], env={**cli_env, "RAY_USAGE_STATS_ENABLED": "0"},
+                                cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            _frames_after(sub, 0, {"solo-cam"}, 240)
+            assert redis.Redis.from_url(redis_url).hget("sapiens2:fleet:solo:placement", "solo-cam") == b"0"
+        finally:
+            sub.close()
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert "cameras solo-cam" in out and "fleet solo: stopped (local Ray cluster)" in out, out
+    assert not redis.Redis.from_url(redis_url).keys("sapiens2:fleet:solo:*")  # down forgets the fleet
 
 
 # -- the fleet on a three-node cluster ----------------------------------------------------------

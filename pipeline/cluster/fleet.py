@@ -527,7 +527,7 @@ def _connect(address: str | None, start_local: bool = False) -> bool:
         if address:
             ray.init(address=address, **kwargs)
             return False
-        ray.init(include_dashboard=False, **kwargs)
+        ray.init(address="local", include_dashboard=False, **kwargs)  # a new one, never a stray running one
         return True
     except ConnectionError as exc:
         raise FleetError(f"no Ray cluster at {address}: {str(exc).splitlines()[0]}; pass --address HOST:PORT "
@@ -560,7 +560,8 @@ def _print(reply: dict[str, Any], as_json: bool) -> None:
         raise FleetError(reply.get("error", "refused"))
 
 
-def format_status(status: dict[str, Any]) -> str:
+def format_status(status: dict[str, Any], figures: bool = True) -> str:
+    """The status as lines of text; ``figures=False`` leaves out what changes every frame."""
     lines = [f"fleet {status['fleet']}: {len(status['cameras'])} cameras, capacity {status['capacity']} per GPU "
              f"actor, controller start {status['controller_starts']}"
              + ("" if status.get("redis_ok", True) else " (Redis unreachable: the placement is not mirrored)")]
@@ -571,7 +572,8 @@ def format_status(status: dict[str, Any]) -> str:
         where = "-" if c["worker"] is None else f"gpu-{c['worker']}"
         extra = f" error: {c['error']}" if c["error"] else ""
         outage = f" last outage {c['last_outage_s']:.1f} s" if c["last_outage_s"] is not None else ""
-        lines.append(f"  {c['id']}: {c['status']} on {where}, {c['frames']} frames{outage}{extra}")
+        frames = f", {c['frames']} frames" if figures else ""
+        lines.append(f"  {c['id']}: {c['status']} on {where}{frames}{outage}{extra}")
     return "\n".join(lines)
 
 
@@ -589,6 +591,11 @@ def cmd_up(args: argparse.Namespace) -> int:
     if args.detach and not (args.address or os.environ.get("RAY_ADDRESS")):
         raise FleetError("--detach needs a Ray cluster that outlives this command: pass --address")
     local = _connect(args.address, start_local=True)
+    stop = threading.Event()  # Ctrl-C from here on: finish cleanly (a local fleet is taken down)
+    import signal
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
     gpus = int(ray.cluster_resources().get("GPU", 0))
     if spec.gpus_per_actor and gpus < 1:
         raise FleetError("this Ray cluster has no GPUs; start its nodes with `ray start --num-gpus N`, or set "
@@ -599,25 +606,22 @@ def cmd_up(args: argparse.Namespace) -> int:
     controller = actor.remote(spec.redis, spec.name)
     reply = _call(controller.configure, spec.to_dict(), timeout_s=args.timeout)
     _print(reply, args.json)
-    status = _wait_placed(controller, args.timeout)
+    status = _wait_placed(controller, args.timeout, stop)
     if not args.json:
         print(format_status(status), flush=True)
     if args.detach:
         return 0
-    stop = threading.Event()
-    import signal
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    last = ""
-    while not stop.wait(2.0):
+    last, printed = "", time.monotonic()
+    while not stop.wait(2.0):  # a change of placement or state at once, the figures every 30 s
         try:
-            text = format_status(_call(controller.status, timeout_s=args.timeout))
+            status = _call(controller.status, timeout_s=args.timeout)
+            text, shape = format_status(status), format_status(status, figures=False)
         except FleetError as exc:
-            text = f"fleet {spec.name}: {exc}"
-        if text != last and not args.json:
+            text = shape = f"fleet {spec.name}: {exc}"
+        if not args.json and (shape != last or time.monotonic() - printed > 30):
             print(text, flush=True)
-        last = text
+            printed = time.monotonic()
+        last = shape
     if local:  # the local cluster ends with this process: take the fleet down cleanly first
         _call(controller.down, timeout_s=args.timeout)
         ray.kill(controller, no_restart=True)
@@ -625,15 +629,15 @@ def cmd_up(args: argparse.Namespace) -> int:
     return 0
 
 
-def _wait_placed(controller, timeout_s: float) -> dict[str, Any]:
+def _wait_placed(controller, timeout_s: float, stop: threading.Event) -> dict[str, Any]:
     """Wait until every camera is running, retrying or waiting for capacity (not pending/starting)."""
     deadline = time.monotonic() + timeout_s
     while True:
         status = _call(controller.status, timeout_s=timeout_s)
         settled = all(c["status"] in ("running", "retrying", "waiting") for c in status["cameras"])
-        if settled or time.monotonic() > deadline:
+        if settled or stop.is_set() or time.monotonic() > deadline:
             return status
-        time.sleep(0.5)
+        stop.wait(0.5)
 
 
 def cmd_add(args: argparse.Namespace) -> int:
