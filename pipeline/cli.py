@@ -18,7 +18,7 @@ import threading
 import typing
 from typing import Any
 
-SUBCOMMANDS = ("run", "weights", "subscribe", "keys", "broker", "view", "control", "fleet", "bridge")
+SUBCOMMANDS = ("run", "weights", "subscribe", "keys", "broker", "view", "control", "fleet", "batch", "bridge")
 log = logging.getLogger("sapiens2_stream")
 
 

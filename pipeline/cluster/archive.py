@@ -1,0 +1,559 @@
+"""``sapiens2-stream batch INPUTS --out DIR``: a video archive through the pipeline on Ray Data.
+
+Ray carries one small row per video (its id and path in, its outcome out); decoding, the models and
+the writing all happen inside a pool of actors, each of which loads the models once and then runs
+the plain pipeline (``assemble`` + ``Runner``) on one video after another. Every video gets a
+folder ``DIR/<video_id>/``:
+
+    keypoints.jsonl   one line per frame            annotated.mp4   the annotated video
+    DONE.json         written last: frames, seconds, run id (its presence means "complete")
+    FAILED.json       instead of DONE.json when the input could not be processed, with the reason
+
+Outputs are written under hidden temporary names and renamed into place once whole, then the
+marker; files starting with a dot are temporaries, and the next run that takes the video removes
+them. A rerun of the same command skips the videos that have a DONE.json (before any actor
+starts) and does the others, so an interrupted or crashed run resumes where it stopped. A
+summary of every input is printed and written to ``DIR/summary.jsonl``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import glob
+import json
+import logging
+import math
+import os
+import socket
+import sys
+import tempfile
+import threading
+import time
+import uuid
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from stages.errors import ConfigError
+
+from .commands import need
+
+if TYPE_CHECKING:  # the models' modules load torch: imported where a command runs, not by the CLI's parser
+    from pipeline.config import RunConfig
+    from pipeline.stages_setup import Stages
+
+log = logging.getLogger("sapiens2_stream")
+
+KEYPOINTS, VIDEO = "keypoints.jsonl", "annotated.mp4"  # the outputs of a video, in DIR/<video_id>/
+DONE, FAILED, SUMMARY = "DONE.json", "FAILED.json", "summary.jsonl"
+VIDEO_SUFFIXES = frozenset({".mp4", ".mov", ".m4v", ".mkv", ".avi", ".webm", ".mpg", ".mpeg", ".ts", ".mts",
+                            ".m2ts", ".flv", ".wmv", ".3gp"})
+# RunConfig keys that batch decides itself: where frames come from, where results go, live-only knobs.
+SET_BY_BATCH = ("source", "sources", "source_id", "realtime", "stall_timeout_s", "batch_timeout_s", "control",
+                "record", "save_keypoints", "publish", "publish_connect", "curve_dir", "curve_client",
+                "jpeg_quality", "gpu_jpeg", "show", "view", "view_token", "metrics")
+ROW_KEYS = ("video_id", "path", "status", "frames", "seconds", "error", "run_id", "started", "finished")
+OBJECT_STORE_BYTES = 128 * 2**20  # a local Ray holds only the rows: keep its shared memory small
+TASK_RETRIES = 2  # a video whose worker process dies is tried this many more times, then reported failed
+ADDRESS_TIMEOUT_S = 5.0
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Register ``batch``: the run flags (less the ones batch sets itself) plus the archive's own."""
+    from pipeline.cli import add_run_args
+    from pipeline.config import FIELDS
+
+    p = subparsers.add_parser("batch", help="run a video archive through the pipeline on Ray (resumable)",
+                              description="Each input gets DIR/<video_id>/keypoints.jsonl, annotated.mp4 and a "
+                                          "DONE.json marker; a rerun skips the complete ones.")
+    p.add_argument("inputs", nargs="+", metavar="INPUTS",
+                   help="video files, folders (their video files), glob patterns (quote them) or manifests "
+                        "(.csv with the header video_id,path; relative paths are relative to the manifest)")
+    p.add_argument("--out", required=True, metavar="DIR", help="output folder (shared by every node of a cluster)")
+    p.add_argument("--workers", type=int, metavar="N",
+                   help="actors, each with its own models (default: one per GPU slot, else 1)")
+    p.add_argument("--gpus-per-worker", type=float, metavar="G",
+                   help="GPUs per actor, fractions allowed (default: 1 when the cluster has GPUs, else 0)")
+    p.add_argument("--cpus-per-worker", type=float, default=1.0, metavar="C",
+                   help="CPUs per actor; Ray sets the actor's OMP_NUM_THREADS (torch threads) to it unless the "
+                        "environment sets one (default 1)")
+    p.add_argument("--address", default=os.environ.get("RAY_ADDRESS"),
+                   help="a running Ray cluster: HOST:PORT, ray://HOST:PORT or auto (default $RAY_ADDRESS; "
+                        "unset: a local Ray is started for the run)")
+    add_run_args(p)
+    for action in p._actions:  # the flags batch sets itself stay parseable (to refuse them by name), unlisted
+        if action.dest in SET_BY_BATCH and action.dest in FIELDS:
+            action.help = argparse.SUPPRESS
+    p.set_defaults(func=cmd_batch)
+
+
+# -- inputs ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Item:
+    """One input video: its id (the folder name under --out) and the path the workers open."""
+
+    video_id: str
+    path: str
+    where: str  # where it was named, for error messages
+
+
+def list_inputs(specs: list[str]) -> list[Item]:
+    """Every video named by files, folders, globs and manifests; ConfigError for none, a bad id or a
+    repeated one."""
+    items: list[Item] = []
+    for spec in specs:
+        path = Path(spec)
+        if path.is_file() and path.suffix.lower() == ".csv":
+            items.extend(read_manifest(path))
+        elif path.is_file():
+            items.append(_from_file(path, spec))
+        elif path.is_dir():
+            files = sorted(f for f in path.iterdir() if f.is_file() and f.suffix.lower() in VIDEO_SUFFIXES)
+            if not files:
+                raise ConfigError(f"{spec}: no video files in this folder (looked for "
+                                  f"{', '.join(sorted(VIDEO_SUFFIXES))})")
+            items.extend(_from_file(f, f"folder {spec}") for f in files)
+        elif any(ch in spec for ch in "*?["):
+            files = sorted(Path(m) for m in glob.glob(spec, recursive=True) if Path(m).is_file())
+            if not files:
+                raise ConfigError(f"{spec!r}: the pattern matches no files")
+            items.extend(_from_file(f, f"pattern {spec!r}") for f in files)
+        else:
+            raise ConfigError(f"{spec}: no such file, folder or manifest; check the path")
+    if not items:
+        raise ConfigError("no inputs: the manifests list no videos")
+    seen: dict[str, Item] = {}
+    for item in items:
+        if item.video_id in seen:
+            raise ConfigError(f"video id {item.video_id!r} is used twice ({seen[item.video_id].where} and "
+                              f"{item.where}); ids name the output folders, so each video needs its own "
+                              "(a manifest video_id,path names them)")
+        seen[item.video_id] = item
+    return items
+
+
+def read_manifest(path: Path) -> list[Item]:
+    """Rows of a ``video_id,path`` CSV (other columns are ignored); paths relative to the manifest."""
+    try:
+        with path.open(newline="", encoding="utf-8-sig") as handle:
+            reader = csv.DictReader(handle)
+            missing = {"video_id", "path"} - set(reader.fieldnames or ())
+            if missing:
+                raise ConfigError(f"{path}: the header must name video_id and path (missing "
+                                  f"{', '.join(sorted(missing))})")
+            rows = [(reader.line_num, row) for row in reader]
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise ConfigError(f"{path}: cannot read the manifest ({exc})") from None
+    items = []
+    for line, row in rows:
+        video_id, video = (row.get("video_id") or "").strip(), (row.get("path") or "").strip()
+        if not video_id and not video:
+            continue  # a blank line
+        where = f"{path} line {line}"
+        if not video_id or not video:
+            raise ConfigError(f"{where}: needs both a video_id and a path")
+        _check_id(video_id, where)
+        items.append(Item(video_id, str((path.parent / video).absolute()), where))
+    return items
+
+
+def _from_file(path: Path, where: str) -> Item:
+    from pipeline.sources.source import _sanitize  # the id a plain run gives the same file
+
+    video_id = _sanitize(path.stem)
+    _check_id(video_id, f"{where} ({path.name})")
+    return Item(video_id, str(path.absolute()), f"{where}: {path}")
+
+
+def _check_id(video_id: str, where: str) -> None:
+    from sapiens2_client.wire import check_source_id
+
+    try:
+        check_source_id(video_id)
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {exc}; name the video in a manifest") from None
+
+
+# -- outputs and markers ---------------------------------------------------------------------
+def prepare_out(out: str) -> Path:
+    """The output folder, created; ConfigError when it cannot be written."""
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"--out {out}: is a file; name a folder")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".probe-"):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"--out {out}: cannot write there ({exc.strerror or exc}); pick a writable folder") from None
+    return path
+
+
+def completed(folder: Path) -> dict[str, Any] | None:
+    """The DONE.json of a video whose outputs are complete, else None."""
+    try:
+        marker = json.loads((folder / DONE).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(marker, dict) or marker.get("status") != "done":
+        return None
+    return marker if all((folder / name).is_file() for name in (KEYPOINTS, VIDEO)) else None
+
+
+def clear_partials(folder: Path) -> None:
+    """Remove the temporaries (names starting with a dot) that an interrupted run left."""
+    for path in folder.glob(".*"):
+        if path.is_file():
+            path.unlink(missing_ok=True)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """``text`` into ``path`` whole or not at all (a temporary beside it, fsynced, renamed over it)."""
+    tmp = path.with_name(f".partial-{uuid.uuid4().hex[:8]}-{path.name}")
+    with open(tmp, "w") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    _fsync(path.parent)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def outcome(item: Item, status: str, run_id: str, frames: int = 0, seconds: float = 0.0, error: str = "",
+            started: float = 0.0, finished: float = 0.0) -> dict[str, Any]:
+    """One summary row (also the body of DONE.json / FAILED.json)."""
+    return {"video_id": item.video_id, "path": item.path, "status": status, "frames": int(frames),
+            "seconds": round(float(seconds), 3), "error": error, "run_id": run_id, "started": started,
+            "finished": finished}
+
+
+def from_marker(item: Item, marker: dict[str, Any], run_id: str) -> dict[str, Any]:
+    """The row of a complete video from its DONE.json: done by this run, or skipped (done by an earlier one)."""
+    by = str(marker.get("run_id", ""))
+    return outcome(item, "done" if by == run_id else "skipped", by, marker.get("frames", 0), marker.get("seconds", 0.0),
+                   started=marker.get("started", 0.0), finished=marker.get("finished", 0.0))
+
+
+# -- one video -------------------------------------------------------------------------------
+def process_video(cfg: RunConfig, stages: Stages, item: Item, out: Path, run_id: str) -> dict[str, Any]:
+    """Run the pipeline on one video into ``out/<video_id>/``; never raises for a bad input (the
+    outcome row says what happened; a video already complete is not done again)."""
+    from pipeline.cli import one_line
+
+    folder = out / item.video_id
+    marker = completed(folder)
+    if marker is not None:  # a retried task whose first try finished before its worker died
+        return from_marker(item, marker, run_id)
+    started = time.time()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        for name in (DONE, FAILED):
+            (folder / name).unlink(missing_ok=True)
+        clear_partials(folder)
+        frames = _run_one(cfg, stages, item, folder, f"{run_id}-{os.getpid()}")
+    except Exception as exc:  # a corrupt input fails its own row, never the archive
+        clear_partials(folder)
+        row = outcome(item, "failed", run_id, error=one_line(exc), started=started, finished=time.time(),
+                      seconds=time.time() - started)
+        try:
+            write_atomic(folder / FAILED, json.dumps(row) + "\n")
+        except OSError as write_exc:
+            log.error("%s: cannot write %s: %s", item.video_id, FAILED, write_exc)
+        return row
+    finished = time.time()
+    row = outcome(item, "done", run_id, frames, finished - started, started=started, finished=finished)
+    marker = {**row, "outputs": [KEYPOINTS, VIDEO], "tasks": list(cfg.tasks),
+              "random_weights": bool(stages.random_weights), "worker": f"{socket.gethostname()}:{os.getpid()}"}
+    write_atomic(folder / DONE, json.dumps(marker) + "\n")
+    return row
+
+
+def _run_one(cfg: RunConfig, stages: Stages, item: Item, folder: Path, token: str) -> int:
+    """The plain pipeline on one file into temporaries, renamed into place once whole; frames written."""
+    from pipeline.app import assemble, build_sinks
+    from pipeline.sources import Source
+    from pipeline.sources.readers import open_file
+
+    tmp = {name: folder / f".partial-{token}-{name}" for name in (KEYPOINTS, VIDEO)}
+    run_cfg = dataclasses.replace(cfg, record=str(tmp[VIDEO]), save_keypoints=str(tmp[KEYPOINTS]), progress=False)
+    stop = threading.Event()
+    label = f"video file {item.path!r}"
+    source = Source(lambda: open_file(item.path, label=label), label=label, source_id=item.video_id)
+    sinks: list = []
+    try:  # until the runner owns them, a failure here must close the source and sinks
+        source.open()
+        sinks = build_sinks(run_cfg, stop)
+        runner, display = assemble(run_cfg, source, stages, sinks, stop)
+    except BaseException:
+        source.stop()
+        for sink in sinks:
+            sink.close()
+        raise
+    try:
+        stats = runner.run()
+    finally:
+        display.close()
+    if stats.error is not None:
+        raise stats.error
+    for name, path in tmp.items():
+        _fsync(path)
+        os.replace(path, folder / name)
+    _fsync(folder)
+    return stats.frames
+
+
+class ArchiveWorker:
+    """The Ray Data actor: loads the models once, then runs one row (one video) per call."""
+
+    def __init__(self, cfg: RunConfig, out: str, run_id: str) -> None:
+        from pipeline.cli import one_line
+        from pipeline.stages_setup import build_stages
+
+        logging.basicConfig(level=cfg.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+        self.cfg, self.out, self.run_id = cfg, Path(out), run_id
+        self.stages, self.broken = None, ""
+        try:
+            self.stages = build_stages(cfg)
+        except Exception as exc:  # every row this actor gets then fails with the reason; the job goes on
+            self.broken = f"the worker could not load the models: {one_line(exc)}"
+            log.error("%s", self.broken)
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, list]:
+        rows = []
+        for video_id, path in zip(batch["video_id"], batch["path"]):
+            item = Item(str(video_id), str(path), "row")
+            if self.broken:
+                rows.append(outcome(item, "failed", self.run_id, error=self.broken))
+            else:
+                rows.append(process_video(self.cfg, self.stages, item, self.out, self.run_id))
+        return {key: [row[key] for row in rows] for key in ROW_KEYS}
+
+
+# -- the command -----------------------------------------------------------------------------
+def cmd_batch(args: argparse.Namespace) -> int:
+    """Check everything that can be checked, skip complete videos, map the rest on Ray, report."""
+    refuse_batch_flags(args)
+    if args.workers is not None and args.workers < 1:
+        raise ConfigError(f"--workers: must be at least 1, got {args.workers}")
+    for flag, value in (("--gpus-per-worker", args.gpus_per_worker), ("--cpus-per-worker", args.cpus_per_worker)):
+        if value is not None and not (value >= 0 and math.isfinite(value)):
+            raise ConfigError(f"{flag}: must be a number >= 0, got {value}")
+    items = list_inputs(args.inputs)
+    out = prepare_out(args.out)
+    address = None if args.address in (None, "", "local") else args.address
+    if address is not None:
+        check_address(address)
+    cfg = batch_config(args)
+    logging.getLogger().setLevel(cfg.log_level.upper())
+    run_id = time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
+    rows: dict[str, dict[str, Any]] = {}
+    for item in items:
+        marker = completed(out / item.video_id)
+        if marker is not None:
+            rows[item.video_id] = from_marker(item, marker, run_id)
+    todo = [item for item in items if item.video_id not in rows]
+    log.info("batch %s: %d inputs, %d complete from before, %d to do", run_id, len(items), len(rows), len(todo))
+    if todo and address is None:
+        from pipeline.stages_setup import checkpoint_sources
+
+        checkpoint_sources(cfg)  # a missing checkpoint fails here, and tiny ones are made once, not per actor
+    try:
+        if todo:
+            _run_on_ray(args, cfg, todo, out, run_id, address, rows)
+    finally:
+        for item in todo:  # interrupted, or the Ray job stopped: finished unreported, or not run
+            if item.video_id not in rows:
+                marker = completed(out / item.video_id)
+                rows[item.video_id] = outcome(item, "unfinished", run_id) if marker is None else \
+                    from_marker(item, marker, run_id)
+        report = [rows[item.video_id] for item in items]
+        write_atomic(out / SUMMARY, "".join(json.dumps(row) + "\n" for row in report))
+        print_summary(report, out / SUMMARY)
+    failed = [row for row in report if row["status"] not in ("done", "skipped")]
+    if failed:
+        names = ", ".join(f"{row['video_id']} ({row['error'] or row['status']})" for row in failed[:5])
+        more = f" and {len(failed) - 5} more" if len(failed) > 5 else ""
+        raise RuntimeError(f"{len(failed)} of {len(report)} inputs failed: {names}{more}; see {out / SUMMARY}")
+    return 0
+
+
+def refuse_batch_flags(args: argparse.Namespace) -> None:
+    """ConfigError naming the run flags given that batch sets itself."""
+    from pipeline.config import FIELDS
+
+    given = [key for key in SET_BY_BATCH if getattr(args, key, None) is not None]
+    if given:
+        flags = ", ".join("--" + (FIELDS[k].metadata.get("flag") or k.replace("_", "-")) for k in given)
+        raise ConfigError(f"batch sets {flags} itself (sources come from INPUTS, outputs go to "
+                          f"DIR/<video_id>/); leave {'it' if len(given) == 1 else 'them'} out")
+
+
+def batch_config(args: argparse.Namespace) -> RunConfig:
+    """The run config of every video: YAML and flags, with the keys batch sets itself cleared (from
+    the YAML file they are ignored, with one warning), checked as far as it can be without models."""
+    from pipeline.app import preflight
+    from pipeline.cli import overrides_from
+    from pipeline.config import FIELDS, SourceSpec, load_config
+
+    cfg = load_config(args.config, overrides_from(args))
+    defaults = {key: FIELDS[key].default_factory() if FIELDS[key].default_factory is not dataclasses.MISSING
+                else FIELDS[key].default for key in SET_BY_BATCH}
+    ignored = [key for key, value in defaults.items() if getattr(cfg, key) != value]
+    if ignored:
+        log.warning("batch: ignoring %s from %s (sources come from INPUTS, outputs go to --out)",
+                    ", ".join(ignored), args.config)
+    cfg = dataclasses.replace(cfg, **defaults)
+    preflight(cfg, [SourceSpec("video", "-")])  # annotation background, detector model
+    return cfg
+
+
+def check_address(address: str) -> None:
+    """ConfigError unless something listens at HOST:PORT (``auto`` is left to Ray)."""
+    if address == "auto":
+        return
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ConfigError(f"--address {address!r}: expected HOST:PORT (the head's GCS port, 6379 unless changed), "
+                          "ray://HOST:PORT or auto")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=ADDRESS_TIMEOUT_S).close()
+    except OSError as exc:
+        raise ConfigError(f"--address {address}: no Ray cluster answers there ({exc.strerror or exc}); start one "
+                          "with `ray start --head`, or leave --address out to run on a local Ray") from None
+
+
+def _run_on_ray(args: argparse.Namespace, cfg: RunConfig, todo: list[Item], out: Path, run_id: str, address: str | None,
+                rows: dict[str, dict[str, Any]]) -> None:
+    """Start a local Ray (or join ``address``), map ``todo`` through the actor pool, and put each
+    video's outcome into ``rows`` as it arrives; Ray is shut down (or left) at the end."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    ray = need("ray", "batch")
+    need("ray.data", "batch")
+    from pipeline.cli import one_line
+
+    workers = args.workers or 1
+    try:
+        if address is None:
+            cpus = max(os.cpu_count() or 1, math.ceil(workers * args.cpus_per_worker))
+            ray.init(address="local", num_cpus=cpus, object_store_memory=OBJECT_STORE_BYTES, include_dashboard=False,
+                     log_to_driver=False, logging_level=logging.ERROR)
+        else:
+            ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
+    except Exception as exc:  # Ray's own failure to start or connect, as one line
+        raise RuntimeError(f"Ray did not start{'' if address is None else f' at {address}'}: {one_line(exc)}") from None
+    try:
+        gpus_there = float(ray.cluster_resources().get("GPU", 0))
+        gpus = args.gpus_per_worker if args.gpus_per_worker is not None else (1.0 if gpus_there else 0.0)
+        if args.workers is None and gpus:
+            workers = max(1, int(gpus_there // gpus))
+        workers = min(workers, len(todo))  # an actor without a video would only load models
+        _check_resources(cfg, workers, gpus, gpus_there, local=address is None)
+        log.info("batch %s: %d videos on %d workers (%g GPU, %g CPU each)", run_id, len(todo), workers, gpus,
+                 args.cpus_per_worker)
+        by_id = {item.video_id: item for item in todo}
+        progress = Progress(len(todo), bar=cfg.progress and sys.stderr.isatty())
+        try:
+            for row in _dataset(ray, cfg, todo, out, run_id, workers, gpus, args.cpus_per_worker).iter_rows():
+                result = {key: _plain(row[key]) for key in ROW_KEYS}
+                rows[result["video_id"]] = result
+                progress.update(result)
+        except Exception as exc:  # the Ray job itself stopped (not one video: those are rows)
+            raise RuntimeError(f"the Ray job stopped after {progress.done} of {len(todo)} videos: {one_line(exc)}; "
+                               "rerun the same command to resume") from None
+        finally:
+            progress.close()
+        for video_id in by_id.keys() - rows.keys():  # its worker process died on it, every try
+            clear_partials(out / video_id)
+            rows[video_id] = outcome(by_id[video_id], "failed", run_id,
+                                     error=f"its worker process died on it {TASK_RETRIES + 1} times (see the Ray "
+                                           "worker logs)")
+            write_atomic(out / video_id / FAILED, json.dumps(rows[video_id]) + "\n")
+    finally:
+        ray.shutdown()
+
+
+def _check_resources(cfg: RunConfig, workers: int, gpus: float, gpus_there: float, local: bool) -> None:
+    if gpus == 0 and cfg.device.startswith("cuda"):
+        raise ConfigError(f"device {cfg.device}: the workers get no GPU; pass --gpus-per-worker (e.g. 1)")
+    if gpus and workers * gpus > gpus_there:
+        text = f"--workers {workers} x --gpus-per-worker {gpus:g} needs {workers * gpus:g} GPUs; the cluster has " \
+               f"{gpus_there:g}"
+        if local:
+            raise ConfigError(f"{text}: lower --workers or --gpus-per-worker")
+        log.warning("%s now: the other workers start when the cluster grows", text)
+
+
+def _dataset(ray: Any, cfg: RunConfig, todo: list[Item], out: Path, run_id: str, workers: int, gpus: float,
+             cpus: float) -> Any:
+    import ray.data
+
+    ctx = ray.data.DataContext.get_current()
+    ctx.enable_progress_bars = False  # this command shows its own, per video
+    ctx.print_on_execution_start = False
+    ctx.max_errored_blocks = -1  # a row whose worker died every try is reported missing, not fatal
+    logging.getLogger("ray.data").setLevel(logging.CRITICAL)
+    rows = [{"video_id": item.video_id, "path": item.path} for item in todo]
+    # One block per video, so that any idle actor can take any video.
+    ds = ray.data.from_items(rows, override_num_blocks=len(rows))
+    with warnings.catch_warnings():  # Ray 2.60 deprecates passing actor options as keywords; no other way yet
+        warnings.filterwarnings("ignore", message=".*ray_remote_args.*")
+        return ds.map_batches(
+            ArchiveWorker, fn_constructor_kwargs={"cfg": cfg, "out": str(out), "run_id": run_id}, batch_size=1,
+            # one video in flight per actor: a long video never holds others queued behind it
+            compute=ray.data.ActorPoolStrategy(size=workers, max_tasks_in_flight_per_actor=1),
+            num_gpus=gpus, num_cpus=cpus, max_task_retries=TASK_RETRIES)
+
+
+def _plain(value: Any) -> Any:
+    """numpy scalars of a Ray row as JSON values."""
+    return value.item() if hasattr(value, "item") else value
+
+
+class Progress:
+    """A bar over the videos on a terminal; one line per finished video otherwise."""
+
+    def __init__(self, total: int, bar: bool) -> None:
+        self.total, self.done = total, 0
+        self.bar = None
+        if bar:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, unit="video", file=sys.stderr, dynamic_ncols=True)
+
+    def update(self, row: dict[str, Any]) -> None:
+        self.done += 1
+        text = f"[{self.done}/{self.total}] {row['video_id']}: {row['status']}, {row['frames']} frames in " \
+               f"{row['seconds']:.1f} s" + (f" ({row['error']})" if row["error"] else "")
+        if self.bar is None:
+            print(text, file=sys.stderr, flush=True)
+            return
+        self.bar.update(1)
+        if row["status"] != "done":
+            self.bar.write(text, file=sys.stderr)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def print_summary(report: list[dict[str, Any]], path: Path) -> None:
+    """Every input, then the counts, on stdout."""
+    width = max(len("video_id"), *(len(row["video_id"]) for row in report))
+    print(f"{'video_id':<{width}}  {'status':<10}  {'frames':>6}  {'seconds':>7}  error")
+    for row in report:
+        print(f"{row['video_id']:<{width}}  {row['status']:<10}  {row['frames']:>6}  {row['seconds']:>7.1f}  "
+              f"{row['error']}")
+    counts = {status: sum(row["status"] == status for row in report) for status in ("done", "skipped", "failed",
+                                                                                    "unfinished")}
+    print(f"{len(report)} inputs: {counts['done']} done, {counts['skipped']} skipped (complete before), "
+          f"{counts['failed']} failed, {counts['unfinished']} unfinished; summary in {path}", flush=True)

@@ -1,0 +1,300 @@
+"""``sapiens2-stream batch``: a real archive of PyAV clips (and one truncated file) through the real CLI on
+a real local Ray, SIGKILLed once some videos are complete and run again; bad input refused before Ray
+starts; the listing of inputs and the completion markers in-process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pipeline.cluster.archive import DONE, FAILED, KEYPOINTS, SUMMARY, VIDEO, completed, list_inputs
+from stages.errors import ConfigError
+from tests.cliutil import (
+    CLI,
+    OFFLINE,
+    assert_one_clear_error,
+    assert_person_keypoints,
+    decode_video,
+    make_video,
+    read_jsonl,
+    run_cli,
+)
+from tests.clusterutil import free_port
+
+CLIPS = {"walk": 6, "jump": 8, "wave": 7, "sit": 10, "run": 9}  # video id -> frames
+W, H = 160, 120
+BATCH = ["--tasks", "pose", "--workers", "2", *OFFLINE]
+DEADLINE_S = 240.0  # Ray start (~10 s), two actors loading models, five clips, on a loaded 2-core machine
+RAY_PARTS = ("ray::MapWorker", "raylet", "gcs_server")  # what must be gone after the driver is killed
+
+
+def _truncated_clip(path: Path) -> Path:
+    """An mp4 with its index in front whose second half is missing: it opens, then runs out of frames."""
+    make_video(path, 30, W, H, faststart=True)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    return path
+
+
+@pytest.fixture
+def archive(tmp_path: Path) -> Path:
+    folder = tmp_path / "archive"
+    folder.mkdir()
+    for name, frames in CLIPS.items():
+        make_video(folder / f"{name}.mp4", frames, W, H)
+    _truncated_clip(folder / "broken.mp4")
+    return folder
+
+
+@pytest.fixture
+def ray_env(cli_env: dict[str, str]) -> Iterator[dict[str, str]]:
+    """The CLI's offline environment with Ray's files in a folder of their own (short: Ray puts Unix
+    sockets in it); the folder not existing afterwards means Ray never started."""
+    root = Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))
+    env = {**cli_env, "RAY_TMPDIR": str(root)}
+    env.pop("RAY_ADDRESS", None)
+    try:
+        yield env
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+# -- processes of a killed run -----------------------------------------------------------------
+def _session(sid: int) -> dict[int, str]:
+    """pid -> command line of every live process in session ``sid`` (the CLI and what it started)."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z" and int(fields[3]) == sid:
+            found[int(entry.name)] = cmdline
+    return found
+
+
+def _wait_until(predicate, what: str, deadline_s: float = DEADLINE_S) -> None:
+    end = time.monotonic() + deadline_s
+    while not predicate():
+        assert time.monotonic() < end, f"gave up waiting for {what}"
+        time.sleep(0.02)
+
+
+def _kill_session(sid: int) -> None:
+    for pid in _session(sid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _markers(out: Path) -> dict[str, dict]:
+    """video id -> its DONE.json, the marker's and the keypoint file's mtimes."""
+    found = {}
+    for marker in out.glob(f"*/{DONE}"):
+        found[marker.parent.name] = {**json.loads(marker.read_text()), "mtime": marker.stat().st_mtime_ns,
+                                     "keypoints_mtime": (marker.parent / KEYPOINTS).stat().st_mtime_ns}
+    return found
+
+
+# -- the archive, killed and resumed -----------------------------------------------------------
+@pytest.mark.timeout(600)
+def test_batch_killed_then_resumed_does_each_video_once(archive: Path, ray_env: dict[str, str], tiny: Path,
+                                                        tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    args = [*CLI, "batch", str(archive), "--out", str(out), *BATCH]
+    with open(tmp_path / "first.log", "w") as log_file:
+        first = subprocess.Popen(args, env=ray_env, cwd=tmp_path, stdout=log_file, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
+    try:
+        def some_done() -> bool:
+            assert first.poll() is None, f"the first run ended before the kill:\n{(tmp_path / 'first.log').read_text()}"
+            return any(out.glob(f"*/{DONE}"))
+
+        _wait_until(some_done, "the first DONE.json")
+        first.send_signal(signal.SIGKILL)
+        first.wait(30)
+        # The driver is gone; its Ray (head processes and actors) must stop too, or it would race the rerun.
+        _wait_until(lambda: not any(part in cmd for cmd in _session(first.pid).values() for part in RAY_PARTS),
+                    "the killed run's Ray workers to stop", 120.0)
+    finally:
+        _kill_session(first.pid)  # what is left of it (Ray's agent processes), by pid
+    before = _markers(out)
+    assert 1 <= len(before) < len(CLIPS), f"the kill came too late to test resuming: {sorted(before)}"
+    first_run = {m["run_id"] for m in before.values()}
+    assert len(first_run) == 1
+    # What a kill mid-video leaves (whether or not this one did): a partial output in an unfinished folder.
+    unfinished = next(name for name in CLIPS if name not in before)
+    (out / unfinished).mkdir(exist_ok=True)
+    (out / unfinished / f".partial-0-{VIDEO}").write_bytes(os.urandom(1000))
+
+    again = run_cli(["batch", archive, "--out", out, *BATCH], ray_env, tmp_path, timeout=DEADLINE_S)
+
+    assert again.rc == 1, again.stderr
+    last = again.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: 1 of 6 inputs failed: broken ("), again.stderr
+    assert "truncated" in last
+    summary = {row["video_id"]: row for row in read_jsonl(out / SUMMARY)}
+    assert set(summary) == {*CLIPS, "broken"}
+    assert summary["broken"]["status"] == "failed" and "truncated" in summary["broken"]["error"]
+    assert "broken" in again.stdout and "failed" in again.stdout
+    after = _markers(out)
+    assert set(after) == set(CLIPS)
+    second_run = {m["run_id"] for name, m in after.items() if name not in before}
+    assert len(second_run) == 1 and second_run != first_run
+    for name, frames in CLIPS.items():
+        folder = out / name
+        assert sorted(p.name for p in folder.iterdir()) == sorted([DONE, KEYPOINTS, VIDEO]), f"{name}: leftovers"
+        marker = after[name]
+        assert marker["status"] == "done" and marker["frames"] == frames
+        if name in before:  # complete before the kill: skipped, not produced again
+            assert summary[name]["status"] == "skipped"
+            for key in ("run_id", "mtime", "keypoints_mtime"):
+                assert marker[key] == before[name][key], f"{name}: {key} changed, the rerun redid it"
+        else:
+            assert summary[name]["status"] == "done" and marker["run_id"] in second_run
+        assert summary[name]["frames"] == frames
+        records = read_jsonl(folder / KEYPOINTS)
+        assert [r["frame"] for r in records] == list(range(frames)), name
+        for record in records:
+            assert_person_keypoints(record)
+        video = decode_video(folder / VIDEO)
+        assert (video.count, video.width, video.height) == (frames, W, H), name
+    assert sorted(p.name for p in (out / "broken").iterdir()) == [FAILED]
+    assert not [p for p in out.rglob(".*")], "temporary files remain"
+
+
+@pytest.mark.timeout(400)
+def test_a_video_that_kills_its_worker_every_time_fails_alone(ray_env: dict[str, str], tiny: Path,
+                                                               tmp_path: Path) -> None:
+    """Each attempt at the video is SIGKILLed as soon as it starts writing (as a decoder segfault would):
+    Ray restarts the actor and retries, and after the last try the video is failed, not the run."""
+    archive = tmp_path / "archive"
+    archive.mkdir()
+    make_video(archive / "poison.mp4", 90, W, H)
+    out = tmp_path / "out"
+    args = [*CLI, "batch", str(archive), "--out", str(out), "--tasks", "pose", *OFFLINE]
+    proc = subprocess.Popen(args, env=ray_env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    attempts: set[str] = set()  # each attempt writes its video under a temporary name of its own
+    try:
+        end = time.monotonic() + DEADLINE_S
+        while proc.poll() is None:
+            assert time.monotonic() < end, "the run did not end"
+            started = {p.name for p in (out / "poison").glob(f".*{VIDEO}")} - attempts
+            if started:  # a new attempt is writing: kill the actor (the only one) that runs it
+                attempts |= started
+                for pid, cmd in _session(proc.pid).items():
+                    if "ray::MapWorker" in cmd:
+                        os.kill(pid, signal.SIGKILL)
+            time.sleep(0.02)
+        stdout, stderr = proc.communicate(30)
+    finally:
+        _kill_session(proc.pid)
+    assert len(attempts) == 3, f"expected the first try and two retries: {sorted(attempts)}"
+    assert proc.returncode == 1, stderr
+    assert stderr.strip().splitlines()[-1].startswith("error: 1 of 1 inputs failed: poison (its worker process died")
+    (row,) = read_jsonl(out / SUMMARY)
+    assert row["status"] == "failed" and "died on it 3 times" in row["error"]
+    assert sorted(p.name for p in (out / "poison").iterdir()) == [FAILED]
+
+
+# -- refused before Ray starts -----------------------------------------------------------------
+def _manifest(folder: Path, rows: list[tuple[str, str]]) -> Path:
+    path = folder / "list.csv"
+    path.write_text("video_id,path\n" + "".join(f"{vid},{video}\n" for vid, video in rows))
+    return path
+
+
+BAD = {
+    "duplicate ids": (lambda d: [_manifest(d, [("a", "walk.mp4"), ("b", "jump.mp4"), ("a", "wave.mp4")])],
+                      "'a' is used twice"),
+    "empty folder": (lambda d: [(d / "empty").mkdir() or d / "empty"], "no video files"),
+    "glob without matches": (lambda d: [str(d / "*.mkv")], "matches no files"),
+    "unreachable address": (lambda d: [d / "walk.mp4", "--address", f"127.0.0.1:{free_port()}"],
+                            "no ray cluster answers"),
+    "out is a file": (lambda d: [d / "walk.mp4", "--out", d / "walk.mp4"], "--out"),
+    "a flag batch sets": (lambda d: [d / "walk.mp4", "--record", d / "x.mp4"], "--record"),
+}
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_input_is_one_line_before_ray(case: str, ray_env: dict[str, str], tmp_path: Path) -> None:
+    make_video(tmp_path / "walk.mp4", 3, W, H)
+    make_video(tmp_path / "jump.mp4", 3, W, H)
+    make_video(tmp_path / "wave.mp4", 3, W, H)
+    build, needle = BAD[case]
+    args = build(tmp_path)
+    if "--out" not in args:
+        args += ["--out", tmp_path / "out"]
+    ran = run_cli(["batch", *args, *BATCH], ray_env, tmp_path)
+    assert_one_clear_error(ran, needle)
+    assert not (Path(ray_env["RAY_TMPDIR"]) / "ray").exists(), "Ray was started for input it could refuse"
+
+
+# -- inputs and markers, in-process -------------------------------------------------------------
+@pytest.mark.timeout(60)
+def test_inputs_from_folders_globs_and_manifests(tmp_path: Path) -> None:
+    videos = tmp_path / "videos"
+    (videos / "sub").mkdir(parents=True)
+    for name in ("b clip.mp4", "a.MOV", "notes.txt", "sub/c.mkv"):
+        (videos / name).write_bytes(b"x")
+    assert [(i.video_id, Path(i.path).name) for i in list_inputs([str(videos)])] == [("a", "a.MOV"),
+                                                                                       ("b_clip", "b clip.mp4")]
+    assert [i.video_id for i in list_inputs([str(videos / "**" / "*.mkv")])] == ["c"]
+    manifest = _manifest(videos / "sub", [("first", "../a.MOV"), ("", ""), ("second", str(videos / "notes.txt"))])
+    items = list_inputs([str(manifest)])
+    assert [(i.video_id, i.path) for i in items] == [("first", str((videos / "sub" / "../a.MOV").absolute())),
+                                                     ("second", str(videos / "notes.txt"))]
+    with pytest.raises(ConfigError, match="used twice"):
+        list_inputs([str(videos), str(videos / "a.MOV")])
+    with pytest.raises(ConfigError, match="header must name video_id and path"):
+        (videos / "bad.csv").write_text("id,file\nx,a.MOV\n")
+        list_inputs([str(videos / "bad.csv")])
+    with pytest.raises(ConfigError, match="must be 1-64 characters"):
+        list_inputs([str(_manifest(tmp_path, [("../escape", "a.mp4")]))])
+
+
+@pytest.mark.timeout(60)
+def test_a_video_is_complete_only_with_its_marker_and_outputs(tmp_path: Path) -> None:
+    folder = tmp_path / "v"
+    folder.mkdir()
+    assert completed(folder) is None
+    (folder / DONE).write_text(json.dumps({"status": "done", "frames": 3}))
+    assert completed(folder) is None  # the marker without its outputs
+    (folder / KEYPOINTS).write_text("{}\n")
+    (folder / VIDEO).write_bytes(b"x")
+    assert completed(folder) == {"status": "done", "frames": 3}
+    (folder / DONE).write_text('{"status": "do')  # cut short
+    assert completed(folder) is None
+
+
+@pytest.mark.timeout(120)
+def test_a_config_file_keeps_its_model_settings_and_loses_its_sources_and_outputs(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from pipeline.cli import build_parser
+    from pipeline.cluster.archive import batch_config
+
+    config = tmp_path / "run.yaml"
+    config.write_text("source: webcam\nrecord: out/demo.mp4\nshow: true\ntasks: [pose, seg]\nmax_persons: 3\n")
+    args = build_parser().parse_args(["batch", "videos", "--out", str(tmp_path), "--config", str(config),
+                                      "--detector", "full-frame"])
+    with caplog.at_level("WARNING"):
+        cfg = batch_config(args)
+    assert (cfg.tasks, cfg.max_persons, cfg.detector) == (["pose", "seg"], 3, "full-frame")
+    assert (cfg.source, cfg.record, cfg.show) == ([], None, False)
+    assert "ignoring source, record, show" in caplog.text
