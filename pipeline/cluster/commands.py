@@ -19,8 +19,8 @@ def need(module: str, what: str):
 
 
 def add_cluster_commands(subparsers: argparse._SubParsersAction) -> None:
-    from . import archive, fleet, streams
+    from . import archive, fleet_cli, streams
 
-    fleet.add_parser(subparsers)
+    fleet_cli.add_parser(subparsers)
     archive.add_parser(subparsers)
     streams.add_parser(subparsers)
