@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.cluster.fleet import NAMESPACE, controller_name
+from pipeline.cluster.fleet import NAMESPACE, controller_name, worker_name
 from pipeline.cluster.fleetspec import place
 from pipeline.net.broker import Broker
 from sapiens2_client.messages import KeypointsMessage, StatusMessage
@@ -259,6 +259,24 @@ def test_fleet_places_cameras_survives_controller_restart_and_node_loss(cluster:
         assert {cam["id"]: cam["worker"] for cam in restarted["cameras"]} == before
         _frames_after(sub, time.time_ns(), set(CAMERAS), 60)
 
+        # A GPU actor's process killed: its cameras go to the other actor at once (the failed report
+        # call says so), and Ray restarts the killed one (its GPU is free), empty.
+        status = _wait(lambda: (s := _status(c)) and all(w["alive"] for w in s["workers"]) and s, 60, "workers")
+        killed = max(status["workers"], key=lambda w: len([x for x in w["cameras"] if x != "broken"]))
+        killed_moved = sorted(x for x in killed["cameras"] if x != "broken")
+        last = _latest_indices(sub, set(killed_moved))
+        killed_ns = time.time_ns()
+        ray.kill(ray.get_actor(worker_name("t", killed["index"]), namespace=NAMESPACE), no_restart=False)
+        first = _restarted(sub, killed_ns, last, RESUME_DEADLINE_S, [])
+        print(f"actor killed -> first frame on the other actor: "
+              f"{ {cid: round((ns - killed_ns) / 1e9, 2) for cid, ns in first.items()} } s")
+        other = next(w["index"] for w in status["workers"] if w["index"] != killed["index"])
+        back = _wait(lambda: (s := _status(c)) and all(w["alive"] for w in s["workers"]) and s, 120,
+                     "the killed actor restarted by Ray")
+        assert {cam["id"]: cam["worker"] for cam in back["cameras"] if cam["id"] in CAMERAS} == \
+            dict.fromkeys(CAMERAS, other)
+        assert {o["camera"] for o in back["outages"]} >= set(killed_moved)
+
         # A worker node removed without grace: its cameras go to the survivor at once.
         status = _wait(lambda: (s := _status(c)) and all(w["alive"] for w in s["workers"]) and s, 60, "workers")
         victim = max(status["workers"], key=lambda w: len([x for x in w["cameras"] if x != "broken"]))
@@ -278,7 +296,9 @@ def test_fleet_places_cameras_survives_controller_restart_and_node_loss(cluster:
         survivor = next(w["index"] for w in status["workers"] if w["index"] != victim["index"])
         assert {cam["id"]: cam["worker"] for cam in after["cameras"] if cam["id"] in CAMERAS} == \
             dict.fromkeys(CAMERAS, survivor)
-        outages = {o["camera"]: o for o in after["outages"]}
+        outages = {}
+        for o in reversed(after["outages"]):  # newest first in the list: keep each camera's latest
+            outages[o["camera"]] = o
         for cid in moved:
             assert outages[cid]["from"] == victim["index"] and outages[cid]["to"] == survivor
             assert 0 < outages[cid]["outage_s"] < RESUME_DEADLINE_S
