@@ -21,7 +21,7 @@ from pipeline.cluster.fleetspec import place
 from pipeline.net.broker import Broker
 from sapiens2_client.messages import KeypointsMessage, StatusMessage
 from sapiens2_client.subscriber import ReceiveTimeout, Subscriber
-from tests.cliutil import CLI, make_video, run_cli
+from tests.cliutil import CLI, make_video, read_jsonl, run_cli
 from tests.clusterutil import free_port, redis_server
 
 RESUME_DEADLINE_S = 90.0  # the stated bound: node loss -> every camera's first frame on the survivor
@@ -325,3 +325,29 @@ def _drain_statuses(sub: Subscriber, statuses: list) -> bool:
         pass
     return False
 
+
+
+@pytest.mark.timeout(600)
+def test_archive_on_the_multi_node_cluster(cluster: dict) -> None:
+    """batch --address on the same three-node cluster (after the fleet is down): one GPU actor per
+    worker node, each clip done once, the corrupt input failed, not fatal."""
+    c = cluster
+    clips = c["folder"] / "archive"
+    clips.mkdir()
+    for i in range(3):
+        make_video(clips / f"clip{i}.mp4", 6 + i, w=96, h=64)
+    (clips / "corrupt.mp4").write_bytes(os.urandom(4096))
+    out = c["folder"] / "archive-out"
+    ran = run_cli(["batch", clips, "--out", out, "--address", c["cluster"].address, "--workers", "2",
+                   "--gpus-per-worker", "1", "--tasks", "pose", "--detector", "full-frame", "--fallback-tiny",
+                   "--device", "cpu", "--dtype", "float32", "--checkpoint", f"pose={c['tiny'] / 'pose'}",
+                   "--no-progress"], c["env"], c["folder"], timeout=540)
+    assert ran.rc == 1 and ran.stderr.strip().splitlines()[-1].startswith("error: 1 of 4 inputs failed: corrupt"), \
+        ran.stderr
+    summary = {row["video_id"]: row for row in read_jsonl(out / "summary.jsonl")}
+    assert summary["corrupt"]["status"] == "failed"
+    for i in range(3):
+        row = summary[f"clip{i}"]
+        assert row["status"] == "done" and row["frames"] == 6 + i, row
+        assert len(read_jsonl(out / f"clip{i}" / "keypoints.jsonl")) == 6 + i
+        assert json.loads((out / f"clip{i}" / "DONE.json").read_text())["status"] == "done"
