@@ -368,6 +368,8 @@ class Runner:
                     sid = self._id(payload)
                     if sid in self.sources:
                         raise ValueError(f"a source named {sid!r} is running already")
+                    if self.random_weights:  # as assemble() marks the sources a run starts with
+                        payload.mark_random_weights()
                     info = payload.info
                     for sink in self.sinks:
                         sink.open(info)

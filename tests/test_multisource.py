@@ -275,3 +275,24 @@ def decode_ok(path: Path) -> bool:
             b"moov" in path.read_bytes()[:4096]
     except Exception:  # not there yet, or still the fragmented working copy
         return False
+
+
+def test_a_source_added_to_a_random_weight_run_is_labelled_so(tmp_path: Path) -> None:
+    """Sources that join later (control endpoint, fleets) carry the random-weights label as the first ones do."""
+    from types import SimpleNamespace
+
+    from pipeline.sources import open_source
+
+    source = open_source(str(make_video(tmp_path / "late.mp4", n=4, w=64, h=48)), source_id="late")
+    runner = Runner([], SimpleNamespace(sources={}), [], None, random_weights=True)
+    adder = threading.Thread(target=runner.add_source, args=(source,))
+    adder.start()
+    try:
+        deadline = time.monotonic() + 30
+        while adder.is_alive():  # the runner's loop applies the change; here its one step, by hand
+            assert time.monotonic() < deadline, "the add was never answered"
+            runner._apply_changes(worker=None)
+            adder.join(0.05)
+        assert runner.infos["late"].random_weights and source.info.random_weights
+    finally:
+        source.stop()

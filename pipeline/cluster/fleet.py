@@ -90,8 +90,6 @@ class GpuWorker:
             source = open_spec(self.cfg, SourceSpec(cam.id, cam.uri, cam.realtime, cam.stall_timeout_s, "fleet"))
         except SourceError as exc:
             return {"ok": False, "error": str(exc).splitlines()[0]}
-        if self.stages.random_weights:
-            source.mark_random_weights()
         try:
             self.runner.add_source(source)
         except (ValueError, RuntimeError, TimeoutError) as exc:
