@@ -401,7 +401,8 @@ class _Session:
             interrupt()
 
 
-def _sanitize(name: str) -> str:
+def id_from_name(name: str) -> str:
+    """A source id from a file name: runs of other characters than letters, digits, '_' and '-' become '_'."""
     return re.sub(r"[^A-Za-z0-9_-]+", "_", name).strip("_") or "src"
 
 
@@ -443,7 +444,7 @@ def open_source(
         path = spec[len("loop:"):]
         label = f"looping file {path!r}"
         opener = lambda: LoopingReader(path, label=label)  # noqa: E731
-        default_id = _sanitize(Path(path).stem)
+        default_id = id_from_name(Path(path).stem)
     elif spec.lower().startswith(NETWORK_SCHEMES):
         opener = lambda: open_network(spec, open_timeout_s=open_timeout_s, read_timeout_s=stall_timeout_s)  # noqa: E731
         label, default_id, live, reconnect = f"stream {spec}", "stream", True, True
@@ -453,11 +454,11 @@ def open_source(
             raise SourceError(f"image {spec!r}: no such file; check the path")
         label = f"images {spec!r}"
         opener = lambda: ImageReader(paths, label=label, fps=image_fps)  # noqa: E731
-        default_id = _sanitize(Path(spec).stem) if len(paths) == 1 else "images"
+        default_id = id_from_name(Path(spec).stem) if len(paths) == 1 else "images"
     else:
         label = f"video file {spec!r}"
         opener = lambda: open_file(spec, label=label)  # noqa: E731
-        default_id = _sanitize(Path(spec).stem)
+        default_id = id_from_name(Path(spec).stem)
     source = Source(
         opener,
         label=label,

@@ -1,0 +1,176 @@
+"""The files of an archive run (``sapiens2-stream batch``): which videos the inputs name, and the
+folder each gets under ``--out`` with its outputs and its completion marker, written atomically.
+No Ray, no models: the driver checks and skips with these before anything starts."""
+
+from __future__ import annotations
+
+import csv
+import glob
+import json
+import os
+import tempfile
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sapiens2_client.wire import check_source_id
+from stages.errors import ConfigError
+
+KEYPOINTS, VIDEO = "keypoints.jsonl", "annotated.mp4"  # the outputs of a video, in DIR/<video_id>/
+DONE, FAILED, SUMMARY = "DONE.json", "FAILED.json", "summary.jsonl"
+VIDEO_SUFFIXES = frozenset({".mp4", ".mov", ".m4v", ".mkv", ".avi", ".webm", ".mpg", ".mpeg", ".ts", ".mts",
+                            ".m2ts", ".flv", ".wmv", ".3gp"})
+
+
+# -- inputs ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Item:
+    """One input video: its id (the folder name under --out) and the path the workers open."""
+
+    video_id: str
+    path: str
+    where: str  # where it was named, for error messages
+
+
+def list_inputs(specs: list[str]) -> list[Item]:
+    """Every video named by files, folders, globs and manifests; ConfigError for none, a bad id or a
+    repeated one."""
+    items: list[Item] = []
+    for spec in specs:
+        path = Path(spec)
+        if path.is_file() and path.suffix.lower() == ".csv":
+            items.extend(read_manifest(path))
+        elif path.is_file():
+            items.append(_from_file(path, spec))
+        elif path.is_dir():
+            files = sorted(f for f in path.iterdir() if f.is_file() and f.suffix.lower() in VIDEO_SUFFIXES)
+            if not files:
+                raise ConfigError(f"{spec}: no video files in this folder (looked for "
+                                  f"{', '.join(sorted(VIDEO_SUFFIXES))})")
+            items.extend(_from_file(f, f"folder {spec}") for f in files)
+        elif any(ch in spec for ch in "*?["):
+            files = sorted(Path(m) for m in glob.glob(spec, recursive=True) if Path(m).is_file())
+            if not files:
+                raise ConfigError(f"{spec!r}: the pattern matches no files")
+            items.extend(_from_file(f, f"pattern {spec!r}") for f in files)
+        else:
+            raise ConfigError(f"{spec}: no such file, folder or manifest; check the path")
+    if not items:
+        raise ConfigError("no inputs: the manifests list no videos")
+    seen: dict[str, Item] = {}
+    for item in items:
+        if item.video_id in seen:
+            raise ConfigError(f"video id {item.video_id!r} is used twice ({seen[item.video_id].where} and "
+                              f"{item.where}); ids name the output folders, so each video needs its own "
+                              "(a manifest video_id,path names them)")
+        seen[item.video_id] = item
+    return items
+
+
+def read_manifest(path: Path) -> list[Item]:
+    """Rows of a ``video_id,path`` CSV (other columns are ignored); paths relative to the manifest."""
+    try:
+        with path.open(newline="", encoding="utf-8-sig") as handle:
+            reader = csv.DictReader(handle)
+            missing = {"video_id", "path"} - set(reader.fieldnames or ())
+            if missing:
+                raise ConfigError(f"{path}: the header must name video_id and path (missing "
+                                  f"{', '.join(sorted(missing))})")
+            rows = [(reader.line_num, row) for row in reader]
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise ConfigError(f"{path}: cannot read the manifest ({exc})") from None
+    items = []
+    for line, row in rows:
+        video_id, video = (row.get("video_id") or "").strip(), (row.get("path") or "").strip()
+        if not video_id and not video:
+            continue  # a blank line
+        where = f"{path} line {line}"
+        if not video_id or not video:
+            raise ConfigError(f"{where}: needs both a video_id and a path")
+        _check_id(video_id, where)
+        items.append(Item(video_id, str((path.parent / video).absolute()), where))
+    return items
+
+
+def _from_file(path: Path, where: str) -> Item:
+    from pipeline.sources.source import id_from_name  # (decoders load with it: not at the CLI's start)
+
+    video_id = id_from_name(path.stem)  # the id a plain run gives the same file
+    _check_id(video_id, f"{where} ({path.name})")
+    return Item(video_id, str(path.absolute()), f"{where}: {path}")
+
+
+def _check_id(video_id: str, where: str) -> None:
+    try:
+        check_source_id(video_id)
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {exc}; name the video in a manifest") from None
+
+
+# -- outputs and markers ---------------------------------------------------------------------
+def prepare_out(out: str) -> Path:
+    """The output folder, created; ConfigError when it cannot be written."""
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"--out {out}: is a file; name a folder")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".probe-"):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"--out {out}: cannot write there ({exc.strerror or exc}); pick a writable folder") from None
+    return path
+
+
+def completed(folder: Path) -> dict[str, Any] | None:
+    """The DONE.json of a video whose outputs are complete, else None."""
+    try:
+        marker = json.loads((folder / DONE).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(marker, dict) or marker.get("status") != "done":
+        return None
+    return marker if all((folder / name).is_file() for name in (KEYPOINTS, VIDEO)) else None
+
+
+def clear_partials(folder: Path) -> None:
+    """Remove the temporaries (names starting with a dot) that an interrupted run left."""
+    for path in folder.glob(".*"):
+        if path.is_file():
+            path.unlink(missing_ok=True)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """``text`` into ``path`` whole or not at all (a temporary beside it, fsynced, renamed over it)."""
+    tmp = path.with_name(f".partial-{uuid.uuid4().hex[:8]}-{path.name}")
+    with open(tmp, "w") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    fsync_path(path.parent)
+
+
+def fsync_path(path: Path) -> None:
+    """fsync a file or a folder (a rename is durable once its folder is)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def outcome(item: Item, status: str, run_id: str, frames: int = 0, seconds: float = 0.0, error: str = "",
+            started: float = 0.0, finished: float = 0.0) -> dict[str, Any]:
+    """One summary row (also the body of DONE.json / FAILED.json)."""
+    return {"video_id": item.video_id, "path": item.path, "status": status, "frames": int(frames),
+            "seconds": round(float(seconds), 3), "error": error, "run_id": run_id, "started": started,
+            "finished": finished}
+
+
+def from_marker(item: Item, marker: dict[str, Any], run_id: str) -> dict[str, Any]:
+    """The row of a complete video from its DONE.json: done by this run, or skipped (done by an earlier one)."""
+    by = str(marker.get("run_id", ""))
+    return outcome(item, "done" if by == run_id else "skipped", by, marker.get("frames", 0), marker.get("seconds", 0.0),
+                   started=marker.get("started", 0.0), finished=marker.get("finished", 0.0))
