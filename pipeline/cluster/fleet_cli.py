@@ -97,7 +97,7 @@ def _connect(address: str | None, start_local: bool = False) -> bool:
                          "of a running head (`ray start --head`)") from None
 
 
-def _controller(name: str, timeout_s: float):
+def _controller(name: str):
     import ray
 
     try:
@@ -210,7 +210,7 @@ def cmd_add(args: argparse.Namespace) -> int:
     camera = camera_from({"id": cid, "uri": uri, **({} if args.realtime is None else {"realtime": args.realtime})},
                          "fleet add")
     _connect(args.address)
-    reply = _call(_controller(args.name, args.timeout).add, camera.to_dict(), timeout_s=args.timeout)
+    reply = _call(_controller(args.name).add, camera.to_dict(), timeout_s=args.timeout)
     _print(reply, args.json)
     if not args.json:
         print(f"camera {cid}: {'already in the fleet' if reply.get('already') else 'added'}")
@@ -219,7 +219,7 @@ def cmd_add(args: argparse.Namespace) -> int:
 
 def cmd_remove(args: argparse.Namespace) -> int:
     _connect(args.address)
-    reply = _call(_controller(args.name, args.timeout).remove, args.camera_id, timeout_s=args.timeout)
+    reply = _call(_controller(args.name).remove, args.camera_id, timeout_s=args.timeout)
     _print(reply, args.json)
     if not args.json:
         print(f"camera {args.camera_id}: {'not in the fleet' if reply.get('absent') else 'removed'}")
@@ -228,7 +228,7 @@ def cmd_remove(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     _connect(args.address)
-    status = _call(_controller(args.name, args.timeout).status, timeout_s=args.timeout)
+    status = _call(_controller(args.name).status, timeout_s=args.timeout)
     print(json.dumps(status, sort_keys=True) if args.json else format_status(status))
     return 0
 
@@ -237,7 +237,7 @@ def cmd_down(args: argparse.Namespace) -> int:
     import ray
 
     _connect(args.address)
-    controller = _controller(args.name, args.timeout)
+    controller = _controller(args.name)
     _call(controller.down, timeout_s=args.timeout)
     ray.kill(controller, no_restart=True)
     print(f"fleet {args.name}: stopped")
