@@ -1,0 +1,101 @@
+"""What can be known wrong about a run before anything loads: values, output paths, files, keys.
+
+``preflight`` raises ConfigError (one line) for the first problem it finds.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+from sapiens2_client.jsonl import JsonlError, LineWriter
+from sapiens2_client.video import FRAGMENTED
+from stages.detector import check_detector_model
+
+from .config import ConfigError, RunConfig, SourceSpec
+
+RECORD_SUFFIXES = (*FRAGMENTED, ".mkv")
+
+
+def _writable_target(path: Path) -> Path | None:
+    """The existing file, or the nearest existing folder it would be created in."""
+    if path.exists():
+        return path
+    return next((p for p in path.parents if p.exists()), None)
+
+
+def check_output_path(path: str, what: str, suffixes: tuple[str, ...] | None = None) -> None:
+    """ConfigError when ``path`` cannot be written (bad suffix, not a folder on the way, read-only)."""
+    p = Path(path)
+    if suffixes is not None and p.suffix.lower() not in suffixes:
+        raise ConfigError(f"{what}: {path!r} must end in one of {', '.join(suffixes)}")
+    if p.is_dir():
+        raise ConfigError(f"{what}: {path!r} is a folder; name a file")
+    target = _writable_target(p)
+    if target is None or (target != p and not target.is_dir()):
+        raise ConfigError(f"{what}: cannot create {path!r} ({target} is not a folder)")
+    if not os.access(target, os.W_OK) or _read_only_mount(target):
+        raise ConfigError(f"{what}: {target} is not writable; pick another path")
+
+
+def _read_only_mount(path: Path) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
+def expand(path: str, source_id: str) -> str:
+    """An output path for one source: ``{source}`` becomes its id."""
+    return path.replace("{source}", source_id)
+
+
+def preflight(cfg: RunConfig, specs: list[SourceSpec] | None = None) -> None:
+    """Everything that can be known wrong before a model loads; ConfigError (one line) if so."""
+    specs = specs if specs is not None else cfg.source_specs()
+    several = len(specs) > 1 or cfg.control is not None
+    ids = [s.id or "src" for s in specs]
+    if cfg.record:
+        if several and "{source}" not in cfg.record:
+            record = Path(cfg.record)
+            example = record.with_name(record.stem + "_{source}" + record.suffix)
+            raise ConfigError(f"record: with several sources each needs a file: put {{source}} in the path, e.g. "
+                              f"{example}")
+        for sid in ids:
+            check_output_path(expand(cfg.record, sid), "record", RECORD_SUFFIXES)
+    if cfg.save_keypoints:
+        for sid in ids:
+            check_output_path(expand(cfg.save_keypoints, sid), "save_keypoints")
+            try:
+                LineWriter(expand(cfg.save_keypoints, sid)).check()
+            except JsonlError as exc:
+                raise ConfigError(str(exc)) from None
+    if "matting" in cfg.tasks:
+        matte_background(cfg.matte_background)
+    if cfg.detector == "yolo" and "pose" in cfg.tasks and cfg.detector_model != RunConfig.detector_model:
+        from stages.detector import DetectorError
+
+        try:
+            check_detector_model(cfg.detector_model, cfg.trust_detector_model)
+        except DetectorError as exc:
+            raise ConfigError(f"detector_model: {exc}") from None
+    if cfg.curve_dir and not Path(cfg.curve_dir).is_dir():
+        raise ConfigError(f"curve_dir: {cfg.curve_dir!r} is not a folder; create keys with "
+                          f"`sapiens2-stream keys {cfg.curve_dir}`")
+
+
+def matte_background(spec: str) -> tuple[int, int, int] | np.ndarray:
+    """"R,G,B" -> a colour; anything else is an image file (read once, RGB)."""
+    parts = spec.split(",")
+    if len(parts) == 3 and all(p.strip().isdigit() for p in parts):
+        r, g, b = (int(p) for p in parts)
+        if max(r, g, b) > 255:
+            raise ConfigError(f"matte_background: colour values must be 0..255, got {spec!r}")
+        return r, g, b
+    image = cv2.imread(spec, cv2.IMREAD_COLOR)
+    if image is None:
+        raise ConfigError(f"matte_background: {spec!r} is neither R,G,B nor a readable image file")
+    return cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
