@@ -18,6 +18,8 @@ import threading
 import typing
 from typing import Any
 
+from sapiens2_client.cli import OneLineParser
+
 SUBCOMMANDS = ("run", "weights", "subscribe", "keys", "broker", "view", "control", "fleet", "batch", "bridge")
 log = logging.getLogger("sapiens2_stream")
 
@@ -66,7 +68,7 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sapiens2-stream", description="Real-time Sapiens2 video pipeline")
+    parser = OneLineParser(prog="sapiens2-stream", description="Real-time Sapiens2 video pipeline")
     sub = parser.add_subparsers(dest="command")
     run = sub.add_parser("run", help="run the pipeline (default when no command is given)")
     add_run_args(run)
@@ -107,11 +109,14 @@ def cmd_make_tiny(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .app import run_pipeline
     from .config import load_config
+    from .preflight import preflight
 
     cfg = load_config(args.config, overrides_from(args))
     logging.getLogger().setLevel(cfg.log_level.upper())
+    preflight(cfg)  # bad input is refused before torch and the pipeline are imported (seconds)
+    from .app import run_pipeline
+
     stop = threading.Event()
 
     def request_stop(signum, _frame) -> None:

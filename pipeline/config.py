@@ -23,7 +23,7 @@ from sapiens2_client.endpoints import check_endpoint
 from sapiens2_client.wire import check_source_id
 from stages.errors import ConfigError
 from stages.sapiens2.config import TASKS
-from stages.sapiens2.fastpath import ATTENTION_BACKENDS, COMPILE_MODES
+from stages.sapiens2.switches import ATTENTION_NAMES, COMPILE_MODES
 
 __all__ = ["ConfigError", "RunConfig", "load_config", "merge", "option"]
 
@@ -116,7 +116,7 @@ class RunConfig:
     fuse_qkv: bool = option(True, "one GEMM for q, k and v (--no-fuse-qkv keeps them separate)")
     # GPU fast path (stages.sapiens2.fastpath): every option leaves the outputs unchanged
     attention: str = option("auto", "SDPA kernels for attention (CUDA-only choices fall back to auto elsewhere)",
-                            choices=list(ATTENTION_BACKENDS))
+                            choices=list(ATTENTION_NAMES))
     channels_last: bool | None = option(None, "decode heads in channels_last memory format (auto: on for CUDA)",
                                         parse=parse_auto_bool, metavar="{auto,on,off}")
     compile: str = option("off", "torch.compile the models; reduce-overhead and max-autotune capture CUDA graphs; "
@@ -203,6 +203,8 @@ class RunConfig:
             value = getattr(self, key)
             if value is not None and value < low:
                 raise ConfigError(f"{key}: must be at least {low}, got {value}")
+        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
+            raise ConfigError(f"device: {self.device!r} is not a device; use auto, cpu, cuda or cuda:N")
         if self.det_imgsz % 32:
             raise ConfigError(f"det_imgsz: must be a multiple of 32, got {self.det_imgsz}")
         for key in ("det_conf", "det_iou", "kpt_threshold"):

@@ -1,6 +1,8 @@
 """What can be known wrong about a run before anything loads: values, output paths, files, keys.
 
-``preflight`` raises ConfigError (one line) for the first problem it finds.
+``preflight`` raises ConfigError (one line) for the first problem it finds. It imports neither torch
+nor the rest of the pipeline (the detector check and OpenCV only where a value needs them), so the
+command line runs it first and refuses bad input in about a second instead of after the imports.
 """
 
 from __future__ import annotations
@@ -8,12 +10,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import cv2
 import numpy as np
 
 from sapiens2_client.jsonl import JsonlError, LineWriter
 from sapiens2_client.video import FRAGMENTED
-from stages.detector import check_detector_model
 
 from .config import ConfigError, RunConfig, SourceSpec
 
@@ -76,7 +76,7 @@ def preflight(cfg: RunConfig, specs: list[SourceSpec] | None = None) -> None:
     if "matting" in cfg.tasks:
         matte_background(cfg.matte_background)
     if cfg.detector == "yolo" and "pose" in cfg.tasks and cfg.detector_model != RunConfig.detector_model:
-        from stages.detector import DetectorError
+        from stages.detector import DetectorError, check_detector_model  # torch: only for a model of one's own
 
         try:
             check_detector_model(cfg.detector_model, cfg.trust_detector_model)
@@ -95,7 +95,11 @@ def matte_background(spec: str) -> tuple[int, int, int] | np.ndarray:
         if max(r, g, b) > 255:
             raise ConfigError(f"matte_background: colour values must be 0..255, got {spec!r}")
         return r, g, b
-    image = cv2.imread(spec, cv2.IMREAD_COLOR)
+    image = None
+    if Path(spec).is_file():
+        import cv2
+
+        image = cv2.imread(spec, cv2.IMREAD_COLOR)
     if image is None:
         raise ConfigError(f"matte_background: {spec!r} is neither R,G,B nor a readable image file")
     return cv2.cvtColor(image, cv2.COLOR_BGR2RGB)

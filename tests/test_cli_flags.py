@@ -54,6 +54,8 @@ def test_a_flag_sets_its_key(name: str) -> None:
         text, want = "320", 320
     elif name in ("publish", "publish_connect", "control"):
         text, want = "tcp://127.0.0.1:5599", "tcp://127.0.0.1:5599"
+    elif name == "device":
+        text, want = "cuda:1", "cuda:1"
     elif name in ("view", "metrics"):
         text, want = "127.0.0.1:8089", "127.0.0.1:8089"
     elif name == "source":

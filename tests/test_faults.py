@@ -13,6 +13,7 @@ import pickle
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -185,25 +186,28 @@ def test_a_failed_start_leaves_existing_outputs_and_loads_no_model(cli_env: dict
 
 
 # -- bad input, refused up front -------------------------------------------------------------
+BAD_INPUT = [
+    (["--max-frames", "-5"], ["max_frames", "at least 1"]),
+    (["--publish", "tcp://127.0.0.1:99999"], ["port 99999"]),
+    (["--publish", "127.0.0.1:5555"], ["tcp://127.0.0.1:5555"]),
+    (["--publish-connect", "tcp://*:5556"], ["only when binding"]),
+    (["--det-conf", "5"], ["det_conf", "0..1"]),
+    (["--tasks", "matting", "--matte-background", "missing.jpg"], ["matte_background", "missing.jpg"]),
+    (["--detector", "yolo", "--detector-model", "/nonexistent.pt"], ["/nonexistent.pt", "no such file"]),
+    (["--detector", "yolo", "--detector-model", "evil.pt"], ["pickle", "--trust-detector-model"]),
+    (["--record", "out.avi"], ["record", ".mp4"]),
+    (["--source-id", "cam.0"], ["source_id"]),
+    (["--kpt-threshold", "-1"], ["kpt_threshold"]),
+    (["--device", "tpu"], ["tpu"]),
+    (["--tasks", "seg", "--keypoints3d"], ["keypoints3d", "pose"]),
+    (["--keypoints3d", "--keypoints3d-window", "4"], ["keypoints3d_window", "odd"]),
+    (["--keypoints3d", "--pointmap-every", "0"], ["pointmap_every", "at least 1"]),
+]
+
+
 @pytest.mark.parametrize(
     "args, needles",
-    [
-        (["--max-frames", "-5"], ["max_frames", "at least 1"]),
-        (["--publish", "tcp://127.0.0.1:99999"], ["port 99999"]),
-        (["--publish", "127.0.0.1:5555"], ["tcp://127.0.0.1:5555"]),
-        (["--publish-connect", "tcp://*:5556"], ["only when binding"]),
-        (["--det-conf", "5"], ["det_conf", "0..1"]),
-        (["--tasks", "matting", "--matte-background", "missing.jpg"], ["matte_background", "missing.jpg"]),
-        (["--detector", "yolo", "--detector-model", "/nonexistent.pt"], ["/nonexistent.pt", "no such file"]),
-        (["--detector", "yolo", "--detector-model", "evil.pt"], ["pickle", "--trust-detector-model"]),
-        (["--record", "out.avi"], ["record", ".mp4"]),
-        (["--source-id", "cam.0"], ["source_id"]),
-        (["--kpt-threshold", "-1"], ["kpt_threshold"]),
-        (["--device", "tpu"], ["tpu"]),
-        (["--tasks", "seg", "--keypoints3d"], ["keypoints3d", "pose"]),
-        (["--keypoints3d", "--keypoints3d-window", "4"], ["keypoints3d_window", "odd"]),
-        (["--keypoints3d", "--pointmap-every", "0"], ["pointmap_every", "at least 1"]),
-    ],
+    BAD_INPUT,
     ids=lambda v: " ".join(v) if isinstance(v, list) and v and v[0].startswith("--") else None,
 )
 def test_bad_input_is_one_line_before_any_model(cli_env: dict[str, str], tmp_path: Path, clip: Path,
@@ -213,6 +217,32 @@ def test_bad_input_is_one_line_before_any_model(cli_env: dict[str, str], tmp_pat
     ran = run_cli(["--source", clip, *base, *args], cli_env, tmp_path)
     assert_one_clear_error(ran, *needles)
     assert "loaded " not in ran.stderr
+
+
+def test_bad_input_is_refused_before_torch_is_imported(cli_env: dict[str, str], tmp_path: Path, clip: Path) -> None:
+    """The cases above that need no detector file are refused before torch, torchvision or
+    Ultralytics are imported (the command line checks a run before it imports the pipeline)."""
+    cases = [["--source", str(clip), *TINY_POSE, *args] for args, _ in BAD_INPUT if "--detector-model" not in args]
+    script = ("import json, sys\nfrom pipeline.cli import main\n"
+              f"codes = [main(argv) for argv in {cases!r}]\n"
+              "heavy = [m for m in ('torch', 'torchvision', 'ultralytics', 'cv2') if m in sys.modules]\n"
+              "print(json.dumps({'codes': codes, 'heavy': heavy}))")
+    ran = subprocess.run([sys.executable, "-c", script], env=cli_env, cwd=tmp_path, capture_output=True, text=True,
+                         timeout=300)
+    assert ran.returncode == 0, ran.stderr
+    out = json.loads(ran.stdout.splitlines()[-1])
+    assert out["codes"] == [1] * len(cases), ran.stderr
+    assert out["heavy"] == [], ran.stderr
+
+
+@pytest.mark.parametrize("args, needle", [(["--max-frames", "abc"], "--max-frames"),
+                                          (["--no-such-flag"], "--no-such-flag"),
+                                          (["subscribe", "--timeout", "-1"], "--timeout")])
+def test_a_mistyped_flag_is_one_line_not_the_usage_text(cli_env: dict[str, str], tmp_path: Path, args: list[str],
+                                                        needle: str) -> None:
+    ran = run_cli(args, cli_env, tmp_path)
+    assert_one_clear_error(ran, needle, "--help")
+    assert ran.rc == 2 and len(ran.stderr.strip().splitlines()) == 1, ran.stderr
 
 
 # -- media as it is meant to be shown --------------------------------------------------------

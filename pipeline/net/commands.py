@@ -19,7 +19,7 @@ from typing import Any
 import zmq
 
 from sapiens2_client import wire
-from sapiens2_client.cli import add_keys_command, add_subscribe_command
+from sapiens2_client.cli import OneLineParser, add_keys_command, add_subscribe_command
 from sapiens2_client.endpoints import check_endpoint
 from sapiens2_client.keys import CurveClientKeys, CurveServerKeys, KeysError
 
@@ -153,7 +153,7 @@ def _on_signals(handler: Any) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Standalone entry: ``python -m pipeline.net.commands {subscribe,keys,broker} ...``."""
-    parser = argparse.ArgumentParser(prog="sapiens2-stream")
+    parser = OneLineParser(prog="sapiens2-stream")
     add_net_commands(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
     return int(args.func(args))

@@ -31,6 +31,7 @@ from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .model import Sapiens2
+from .switches import ATTENTION_NAMES, COMPILE_MODES
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,7 @@ ATTENTION_BACKENDS = {
     "cudnn": SDPBackend.CUDNN_ATTENTION,
     "math": SDPBackend.MATH,
 }
-COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+assert tuple(ATTENTION_BACKENDS) == ATTENTION_NAMES
 _warned: set[str] = set()
 
 

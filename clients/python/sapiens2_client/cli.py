@@ -23,7 +23,7 @@ import time
 from collections.abc import Sequence
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -35,6 +35,14 @@ from .subscriber import ReceiveTimeout, Subscriber
 
 log = logging.getLogger("sapiens2_client")
 NOTHING_RECEIVED = 3
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose usage errors are one line (what is wrong, where the help is) instead of the
+    whole usage text above it."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {message}; see `{self.prog} --help`\n")
 
 
 def add_subscribe_command(subparsers: argparse._SubParsersAction) -> None:
@@ -50,13 +58,26 @@ def add_subscribe_command(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--record", type=Path, help="record received frames to this video file (needs PyAV)")
     p.add_argument("--show", action="store_true", help="display received frames (needs OpenCV with a GUI)")
     p.add_argument("--latest-only", action="store_true", help="skip to the newest frame when behind")
-    p.add_argument("--timeout", type=float, default=None,
+    p.add_argument("--timeout", type=positive(float), default=None,
                    help="exit after this many idle seconds (non-zero when nothing arrived at all)")
-    p.add_argument("--count", type=int, default=None, help="exit after this many messages")
-    p.add_argument("--max-message-mb", type=float, default=64.0, help="refuse larger messages")
+    p.add_argument("--count", type=positive(int), default=None, help="exit after this many messages")
+    p.add_argument("--max-message-mb", type=positive(float), default=64.0, help="refuse larger messages")
     p.add_argument("--keys", type=Path, help="CURVE keys directory (from `keys`)")
     p.add_argument("--client-name", default="client", help="client key name inside --keys")
     p.set_defaults(func=cmd_subscribe)
+
+
+def positive(kind: type) -> Any:
+    """An argparse type: a number of ``kind`` above 0 (a zero or negative limit would never be met)."""
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a{'n integer' if kind is int else ' number'}") from None
+        if not value > 0 or (kind is float and not math.isfinite(value)):
+            raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
+        return value
+    return parse
 
 
 def add_keys_command(subparsers: argparse._SubParsersAction) -> None:
@@ -250,7 +271,7 @@ def _on_signals(handler: Any) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sapiens2-client", description="Subscribe to a sapiens2-stream pipeline")
+    parser = OneLineParser(prog="sapiens2-client", description="Subscribe to a sapiens2-stream pipeline")
     sub = parser.add_subparsers(dest="command", required=True)
     add_subscribe_command(sub)
     add_keys_command(sub)
