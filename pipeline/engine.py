@@ -33,7 +33,6 @@ non-finite is passed on.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -49,44 +48,13 @@ from stages.sapiens2.preprocess import to_device_image, upload
 from stages.smoothing import KeypointSmoother
 from stages.types import Detections, Frame, FrameResult, Keypoints, Keypoints3D, Matte
 
+from .lanes import Clock, Lanes, Pending, all_finite
 from .stages_setup import Stages
 
 log = logging.getLogger(__name__)
 
 DENSE_STREAMS = (("seg", "seg"), ("matting", "matting"), ("normal", "dense"), ("pointmap", "dense"))
 MAPS_3D = ("pointmap", "seg", "matting")  # the device maps the 3D step reads (segmentation/matte: on the person)
-STREAM_NAMES = ("upload", "detect", "seg", "matting", "dense", "pose")
-
-
-class Clock:
-    """Stage timing: CUDA events on a GPU (read after collect), perf_counter on the CPU."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-        self.marks: dict[str, tuple] = {}
-
-    def start(self, name: str, stream=None) -> None:
-        self.marks[name] = (self._mark(stream), None)
-
-    def stop(self, name: str, stream=None) -> None:
-        self.marks[name] = (self.marks[name][0], self._mark(stream))
-
-    def _mark(self, stream):
-        if not self.cuda:
-            return time.perf_counter()
-        event = torch.cuda.Event(enable_timing=True)
-        event.record(stream)
-        return event
-
-    def millis(self) -> dict[str, float]:
-        out = {}
-        for name, (a, b) in self.marks.items():
-            if b is None:
-                continue
-            if self.cuda:
-                b.synchronize()  # done already when its stage's results were collected
-            out[name] = a.elapsed_time(b) if self.cuda else (b - a) * 1000.0
-        return out
 
 
 @dataclass
@@ -130,23 +98,6 @@ class FrameWork:
     pointmap_due: bool = False  # this step runs the frame's pointmap forward (else: its source's last map)
 
 
-@dataclass
-class Pending:
-    """Device work of one step in flight; finish_batch() turns it into FrameResults."""
-
-    frames: list[FrameWork]
-    clock: Clock
-    outputs: dict[str, Tensor] = field(default_factory=dict)  # host tensors of the step (pose, finite flags)
-    done: list = field(default_factory=list)  # events to wait for (CUDA only)
-    host_ms: dict[str, float] = field(default_factory=dict)
-    dense_done: list = field(default_factory=list)  # events of the dense stages (the 3D step waits for them)
-
-    def wait(self) -> None:
-        for event in self.done:
-            event.synchronize()  # this step's work only
-        self.done.clear()
-
-
 class FrameEngine:
     """Runs the configured stages on steps of frames, overlapping the stages on CUDA streams."""
 
@@ -174,13 +125,7 @@ class FrameEngine:
             # streams could overwrite each other's outputs before they are copied out.
             log.info("CUDA graphs (%s): the stages run in order on one stream, not overlapped", ", ".join(graphs))
             overlap = False
-        if self.cuda and overlap:
-            self.streams = {n: torch.cuda.Stream(self.device) for n in STREAM_NAMES}
-        elif self.cuda:  # serialised: every stage on one stream, in order (CUDA graphs, or a benchmark baseline)
-            one = torch.cuda.Stream(self.device)
-            self.streams = {n: one for n in STREAM_NAMES}
-        else:
-            self.streams = {}
+        self.lanes = Lanes(self.device, overlap, pinned)  # overlap off: one stream (CUDA graphs, or a baseline)
 
     # -- set-up ---------------------------------------------------------------------------
     def warm_up(self, max_persons: int = 8, max_frames: int = 1) -> dict[str, float]:
@@ -189,7 +134,7 @@ class FrameEngine:
         seconds = {}
         stream_of = dict(DENSE_STREAMS, pose="pose")
         for task, est in self.stages.estimators.items():
-            with self._stream(stream_of[task]):
+            with self.lanes.use(stream_of[task]):
                 seconds[task] = est.warmup(max_persons if task == "pose" else max_frames)
         return seconds
 
@@ -221,12 +166,12 @@ class FrameEngine:
     def submit_batch(self, frames: list[Frame]) -> Pending:
         """Queue all device work of one step (one frame per source) and return without waiting."""
         clock = Clock(self.device)
-        with self._stream("upload"):
-            clock.start("upload", self.streams.get("upload"))
+        with self.lanes.use("upload"):
+            clock.start("upload", self.lanes.get("upload"))
             works = [FrameWork(f, to_device_image(f.image, self.device, self.pinned), Detections.empty())
                      for f in frames]
-            clock.stop("upload", self.streams.get("upload"))
-        uploaded = self._event("upload")
+            clock.stop("upload", self.lanes.get("upload"))
+        uploaded = self.lanes.event("upload")
         pending = Pending(works, clock)
         for work in works:
             state = self.state(work.frame.source_id)
@@ -241,7 +186,7 @@ class FrameEngine:
             if task in self.stages.estimators:
                 self._dense(pending, task, stream_name, uploaded)
         t0 = time.perf_counter()
-        with self._stream("detect"):
+        with self.lanes.use("detect"):
             self._detect(works)
         pending.host_ms["detect"] = (time.perf_counter() - t0) * 1000.0
         if "pose" in self.stages.estimators and any(len(w.detections) for w in works):
@@ -250,9 +195,9 @@ class FrameEngine:
 
     def _dense(self, pending: Pending, task: str, stream_name: str, uploaded, redo: bool = False) -> None:
         est = self.stages.estimators[task]
-        with self._stream(stream_name):
+        with self.lanes.use(stream_name):
             for work in pending.frames:
-                self._wait(uploaded, stream_name, work.image)
+                self.lanes.after(uploaded, stream_name, work.image)
             if task != "pointmap":
                 due = list(pending.frames)
             elif redo:  # the same frames as the first time (the counters have moved on already)
@@ -260,16 +205,16 @@ class FrameEngine:
             else:
                 due = self._pointmap_due(pending.frames)
             clock = pending.clock
-            clock.start(task, self.streams.get(stream_name))
+            clock.start(task, self.lanes.get(stream_name))
             per_frame, checked = est.run_batch([w.image for w in due]) if due else ([], [])
-            clock.stop(task, self.streams.get(stream_name))
+            clock.stop(task, self.lanes.get(stream_name))
             if checked:
-                self._download(pending, pending.outputs, f"{task}.finite", all_finite(checked), stream_name)
+                self.lanes.download(pending, pending.outputs, f"{task}.finite", all_finite(checked), stream_name)
             for work, outputs in zip(due, per_frame):
                 for name, tensor in outputs.items():
                     if name in MAPS_3D:
                         work.maps[name] = tensor
-                    self._download(pending, work.outputs, name, tensor, stream_name)
+                    self.lanes.download(pending, work.outputs, name, tensor, stream_name)
                 if task == "pointmap":
                     state = self.state(work.frame.source_id)
                     state.pointmap, state.pointmap_host = outputs["pointmap"], work.outputs["pointmap"]
@@ -279,9 +224,7 @@ class FrameEngine:
                         state = self.state(work.frame.source_id)
                         work.maps["pointmap"], work.outputs["pointmap"] = state.pointmap, state.pointmap_host
             if self.cuda:
-                event = torch.cuda.Event()
-                event.record(self.streams[stream_name])
-                pending.dense_done.append(event)
+                pending.dense_done.append(self.lanes.event(stream_name))
 
     def _pointmap_due(self, frames: list[FrameWork]) -> list[FrameWork]:
         """The frames whose source runs its pointmap forward now (every ``pointmap_every``-th frame)."""
@@ -318,9 +261,9 @@ class FrameEngine:
 
     def _pose(self, pending: Pending, uploaded) -> None:
         pose = self.stages.estimators["pose"]
-        with self._stream("pose"):
-            self._wait(uploaded, "pose", *(w.image for w in pending.frames))
-            pending.clock.start("pose", self.streams.get("pose"))
+        with self.lanes.use("pose"):
+            self.lanes.after(uploaded, "pose", *(w.image for w in pending.frames))
+            pending.clock.start("pose", self.lanes.get("pose"))
             wh, start = [], 0
             with_persons = [w for w in pending.frames if len(w.detections)]
             for work in pending.frames:
@@ -339,7 +282,7 @@ class FrameEngine:
             # Crops extend 25% beyond the box, so the model may place a keypoint off-image; the
             # stream's consumers get in-frame coordinates (the score says how sure it is).
             xy = torch.minimum(xy.clamp(min=0.0), (wh_t - 1.0)[:, None, :])  # (P, K, 2)
-            pending.clock.stop("pose", self.streams.get("pose"))
+            pending.clock.stop("pose", self.lanes.get("pose"))
             if self.detect_every > 1:
                 carried = carry_boxes(xy, scores, self.kpt_threshold, wh_t, boxes_t)  # (P, 4), on the device
                 for work in pending.frames:
@@ -347,10 +290,10 @@ class FrameEngine:
                         state = self.state(work.frame.source_id)
                         state.carry = Carry(carried[work.persons], work.detections.scores,
                                             work.detections.track_ids)
-            self._download(pending, pending.outputs, "pose.finite", all_finite([xy, scores]), "pose")
-            self._download(pending, pending.outputs, "pose.xy", xy, "pose")
-            self._download(pending, pending.outputs, "pose.scores", scores, "pose")
-            self._download(pending, pending.outputs, "pose.boxes", boxes_t, "pose")
+            self.lanes.download(pending, pending.outputs, "pose.finite", all_finite([xy, scores]), "pose")
+            self.lanes.download(pending, pending.outputs, "pose.xy", xy, "pose")
+            self.lanes.download(pending, pending.outputs, "pose.scores", scores, "pose")
+            self.lanes.download(pending, pending.outputs, "pose.boxes", boxes_t, "pose")
             if self.keypoints3d is not None:
                 self._lift(pending, with_persons, xy, scores)
         for work in pending.frames:  # nothing to carry from a frame without persons: detect next time
@@ -360,24 +303,20 @@ class FrameEngine:
     def _lift(self, pending: Pending, works: list[FrameWork], xy: Tensor, scores: Tensor) -> None:
         """Sample each frame's pointmap at its persons' keypoints (on the pose stream, after the
         step's dense stages), one frame at a time (frames may differ in size)."""
-        if self.cuda:
-            for event in pending.dense_done:
-                self.streams["pose"].wait_event(event)
-        pending.clock.start("keypoints3d", self.streams.get("pose"))
+        self.lanes.after_all(pending.dense_done, "pose")
+        pending.clock.start("keypoints3d", self.lanes.get("pose"))
         background = int(self.stages.background_id)
         parts = []
         for work in works:
             rows = work.persons
             maps = work.maps
-            if self.cuda:
-                for tensor in maps.values():
-                    tensor.record_stream(self.streams["pose"])
+            self.lanes.in_use("pose", *maps.values())
             parts.append(lift(maps["pointmap"], xy[rows], scores[rows], self.keypoints3d, maps.get("seg"),
                               maps.get("matting"), background))
         xyz, valid, root, root_valid = (torch.cat(t) for t in zip(*parts))
-        pending.clock.stop("keypoints3d", self.streams.get("pose"))
+        pending.clock.stop("keypoints3d", self.lanes.get("pose"))
         for name, tensor in (("xyz", xyz), ("xyz_valid", valid), ("root", root), ("root_valid", root_valid)):
-            self._download(pending, pending.outputs, f"pose.{name}", tensor, "pose")
+            self.lanes.download(pending, pending.outputs, f"pose.{name}", tensor, "pose")
 
     # -- finishing ------------------------------------------------------------------------
     def finish_batch(self, pending: Pending, random_weights: bool) -> list[FrameResult]:
@@ -460,7 +399,7 @@ class FrameEngine:
                         redo.wait()  # the 3D step again, on the new maps and this step's keypoints
                         with_persons = [w for w in pending.frames if len(w.detections)]
                         xy, scores = (pending.outputs[k].to(self.device) for k in ("pose.xy", "pose.scores"))
-                        with self._stream("pose"):
+                        with self.lanes.use("pose"):
                             self._lift(redo, with_persons, xy, scores)
             redo.wait()
             if not bool(redo.outputs[name]):
@@ -470,43 +409,4 @@ class FrameEngine:
             for work, again in zip(pending.frames, redo.frames):
                 work.outputs.update(again.outputs)
 
-    # -- device plumbing ------------------------------------------------------------------
-    def _stream(self, name: str):
-        return torch.cuda.stream(self.streams[name]) if self.cuda else contextlib.nullcontext()
-
-    def _download(self, pending: Pending, into: dict, name: str, tensor: Tensor, stream_name: str) -> None:
-        """Copy to a pinned host buffer on the stage's stream and remember the completion event
-        (pinned off: a plain blocking copy to pageable memory)."""
-        if self.cuda and not self.pinned:
-            into[name] = tensor.cpu()
-        elif self.cuda:
-            host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
-            host.copy_(tensor, non_blocking=True)
-            event = torch.cuda.Event()
-            event.record(self.streams[stream_name])
-            pending.done.append(event)
-            into[name] = host
-        else:
-            into[name] = tensor
-
-    def _event(self, stream_name: str):
-        if not self.cuda:
-            return None
-        event = torch.cuda.Event()
-        event.record(self.streams[stream_name])
-        return event
-
-    def _wait(self, event, stream_name: str, *tensors: Tensor) -> None:
-        """Order a stage after the upload; tell the allocator the frames are in use on that stream."""
-        if event is not None:
-            self.streams[stream_name].wait_event(event)
-            for tensor in tensors:
-                tensor.record_stream(self.streams[stream_name])
-
-
-def all_finite(tensors: list[Tensor]) -> Tensor:
-    """One device bool: every value of every tensor is finite (no host sync)."""
-    return torch.stack([torch.isfinite(t).all() for t in tensors]).all()
-
-
-__all__ = ["FrameEngine", "Pending", "Stages", "all_finite"]
+__all__ = ["Clock", "FrameEngine", "Pending", "Stages", "all_finite"]

@@ -64,7 +64,7 @@ def test_warm_up_runs_each_stage_on_the_stream_that_replays_it(pose_dir: Path, t
             current.pop()
 
     ran: dict[str, tuple[str | None, int]] = {}
-    monkeypatch.setattr(engine, "_stream", stream)
+    monkeypatch.setattr(engine.lanes, "use", stream)
     for task, est in (("pose", pose), ("seg", seg)):
         monkeypatch.setattr(est, "warmup", lambda n, task=task: (ran.__setitem__(task, (current[-1] if current
                                                                                           else None, n)), 1.0)[1])

@@ -1,0 +1,136 @@
+"""The device side of a step: one CUDA stream per stage ("lanes"), their events, pinned downloads,
+stage timing, and the Pending step that carries them from submit to finish.
+
+On a GPU the stages run each on its own stream (overlapped) or all on one (serialised: CUDA graphs,
+or a benchmark baseline). On the CPU there are no streams: the stream contexts are no-ops, a
+"download" is the tensor itself and the clock reads perf_counter.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+STREAM_NAMES = ("upload", "detect", "seg", "matting", "dense", "pose")
+
+
+class Clock:
+    """Stage timing: CUDA events on a GPU (read after collect), perf_counter on the CPU."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.marks: dict[str, tuple] = {}
+
+    def start(self, name: str, stream=None) -> None:
+        self.marks[name] = (self._mark(stream), None)
+
+    def stop(self, name: str, stream=None) -> None:
+        self.marks[name] = (self.marks[name][0], self._mark(stream))
+
+    def _mark(self, stream):
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(stream)
+        return event
+
+    def millis(self) -> dict[str, float]:
+        out = {}
+        for name, (a, b) in self.marks.items():
+            if b is None:
+                continue
+            if self.cuda:
+                b.synchronize()  # done already when its stage's results were collected
+            out[name] = a.elapsed_time(b) if self.cuda else (b - a) * 1000.0
+        return out
+
+
+@dataclass
+class Pending:
+    """Device work of one step in flight; the engine's finish_batch() turns it into FrameResults."""
+
+    frames: list[Any]  # the engine's FrameWork, one per frame of the step
+    clock: Clock
+    outputs: dict[str, Tensor] = field(default_factory=dict)  # host tensors of the step (pose, finite flags)
+    done: list = field(default_factory=list)  # events to wait for (CUDA only)
+    host_ms: dict[str, float] = field(default_factory=dict)
+    dense_done: list = field(default_factory=list)  # events of the dense stages (the 3D step waits for them)
+
+    def wait(self) -> None:
+        for event in self.done:
+            event.synchronize()  # this step's work only
+        self.done.clear()
+
+
+class Lanes:
+    """The streams of the stages by name, and the few operations the engine does with them."""
+
+    def __init__(self, device: torch.device, overlap: bool, pinned: bool) -> None:
+        self.cuda = device.type == "cuda"
+        self.pinned = pinned  # page-locked staging for downloads (off: pageable, the host waits)
+        if self.cuda and overlap:
+            self.streams = {n: torch.cuda.Stream(device) for n in STREAM_NAMES}
+        elif self.cuda:  # serialised: every stage on one stream, in order
+            one = torch.cuda.Stream(device)
+            self.streams = {n: one for n in STREAM_NAMES}
+        else:
+            self.streams = {}
+
+    def get(self, name: str):
+        """The stream of a stage (None on the CPU), e.g. for Clock marks."""
+        return self.streams.get(name)
+
+    def use(self, name: str):
+        """Context: the work queued inside runs on that stage's stream."""
+        return torch.cuda.stream(self.streams[name]) if self.cuda else contextlib.nullcontext()
+
+    def download(self, pending: Pending, into: dict, name: str, tensor: Tensor, lane: str) -> None:
+        """Copy to a pinned host buffer on the stage's stream and remember the completion event
+        (pinned off: a plain blocking copy to pageable memory)."""
+        if self.cuda and not self.pinned:
+            into[name] = tensor.cpu()
+        elif self.cuda:
+            host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+            host.copy_(tensor, non_blocking=True)
+            pending.done.append(self.event(lane))
+            into[name] = host
+        else:
+            into[name] = tensor
+
+    def event(self, lane: str):
+        """An event recorded now on that stage's stream (None on the CPU)."""
+        if not self.cuda:
+            return None
+        event = torch.cuda.Event()
+        event.record(self.streams[lane])
+        return event
+
+    def after(self, event, lane: str, *tensors: Tensor) -> None:
+        """Order a stage after an event (the upload); tell the allocator the tensors are in use on
+        that stream."""
+        if event is not None:
+            self.streams[lane].wait_event(event)
+            self.in_use(lane, *tensors)
+
+    def after_all(self, events: list, lane: str) -> None:
+        for event in events:
+            self.streams[lane].wait_event(event)
+
+    def in_use(self, lane: str, *tensors: Tensor) -> None:
+        """Tensors made on another stream and read on this one are not freed under it."""
+        if self.cuda:
+            for tensor in tensors:
+                tensor.record_stream(self.streams[lane])
+
+
+def all_finite(tensors: list[Tensor]) -> Tensor:
+    """One device bool: every value of every tensor is finite (no host sync)."""
+    return torch.stack([torch.isfinite(t).all() for t in tensors]).all()
+
+
+__all__ = ["STREAM_NAMES", "Clock", "Lanes", "Pending", "all_finite"]
