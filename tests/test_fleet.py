@@ -200,11 +200,20 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, cli_env: dict, tiny: Path)
         os.environ.update(saved)
 
 
-def _status(c: dict) -> dict:
+def _status_cli(c: dict) -> dict:
     ran = run_cli(["fleet", "status", "--address", c["cluster"].address, "--name", "t", "--json"], c["env"],
                   c["folder"], timeout=120)
     assert ran.rc == 0, ran.stderr
     return json.loads(ran.stdout)
+
+
+def _status(c: dict) -> dict:
+    """What `fleet status --json` prints (the controller's reply as JSON), asked from this process:
+    the polls below would otherwise start a CLI and connect it to Ray each time."""
+    import ray
+
+    controller = ray.get_actor(controller_name("t"), namespace=NAMESPACE)
+    return json.loads(json.dumps(ray.get(controller.status.remote(), timeout=120), sort_keys=True))
 
 
 @pytest.mark.timeout(900)
@@ -231,12 +240,14 @@ def test_fleet_places_cameras_survives_controller_restart_and_node_loss(cluster:
         _frames_after(sub, 0, set(CAMERAS), 120)
 
         # A camera that never opens is retried with backoff and blocks nobody.
-        status = _status(c)
+        status = _status_cli(c)
         broken = next(cam for cam in status["cameras"] if cam["id"] == "broken")
         assert broken["status"] == "retrying" and "no such file" in broken["error"], broken
         assert {cam["id"]: cam["status"] for cam in status["cameras"] if cam["id"] != "broken"} == \
             dict.fromkeys(CAMERAS, "running")
         assert sorted(w["index"] for w in status["workers"] if w["alive"]) == [0, 1]
+        head = c["cluster"].head_node.node_id
+        assert status["controller_node"] == head  # never on a GPU node, whose loss would take it along
 
         # add / remove work on the running fleet and are repeat-safe.
         args = ["--address", c["cluster"].address, "--name", "t"]
@@ -257,6 +268,7 @@ def test_fleet_places_cameras_survives_controller_restart_and_node_loss(cluster:
         ray.kill(ray.get_actor(controller_name("t"), namespace=NAMESPACE), no_restart=False)
         restarted = _wait(lambda: (s := _status(c))["controller_starts"] == 2 and s, 120, "controller restart")
         assert {cam["id"]: cam["worker"] for cam in restarted["cameras"]} == before
+        assert restarted["controller_node"] == head  # restarted where it ran
         _frames_after(sub, time.time_ns(), set(CAMERAS), 60)
 
         # A GPU actor's process killed: its cameras go to the other actor at once (the failed report

@@ -5,7 +5,7 @@ Two kinds of actor, both named (namespace ``sapiens2-stream``) and restarted by 
 - ``GpuWorker`` (``num_gpus=1``, one per GPU): the batched multi-source pipeline of one process
   (pipeline.app: models loaded once, a Runner that sources join and leave), its publisher connected
   to the broker's XSUB side. Frames go camera -> worker -> broker; they never touch Ray's object store.
-- ``FleetController`` (detached): owns the camera-to-worker placement and mirrors it to Redis; a
+- ``FleetController`` (detached, on the head node): owns the camera-to-worker placement and mirrors it to Redis; a
   thread of its own watches the workers (a report every half second, and Ray's node table). When a
   worker or its node is lost, its cameras go at once to the survivors with spare capacity (Ray's own
   restart of the worker waits for a free GPU); the outage of each camera, from the loss to its first
@@ -32,6 +32,7 @@ from .fleetspec import Camera, FleetSpec, place
 
 log = logging.getLogger(__name__)
 NAMESPACE = "sapiens2-stream"
+HEAD_RESOURCE = "node:__internal_head__"  # Ray's own resource of the head node (where the controller runs)
 REPORT_EVERY_S = 0.5
 _OUTAGES_KEPT = 200
 
@@ -242,7 +243,8 @@ class FleetController:
             outages, redis_ok = [json.loads(o) for o in self.db.lrange(self.keys["outages"], 0, 49)], True
         except Exception:  # Redis away: the live state is still known here
             outages, redis_ok = [], False
-        return {"fleet": self.fleet, "controller_starts": self.starts, "redis_ok": redis_ok,
+        return {"fleet": self.fleet, "controller_starts": self.starts, "controller_node": _node_id(),
+                "redis_ok": redis_ok,
                 "capacity": self.spec.capacity if self.spec else None, "workers": workers, "cameras": cameras,
                 "outages": outages}
 

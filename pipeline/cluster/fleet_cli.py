@@ -15,7 +15,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from .commands import need
-from .fleet import NAMESPACE, FleetController, controller_name
+from .fleet import HEAD_RESOURCE, NAMESPACE, FleetController, controller_name
 from .fleetspec import FleetError, camera_from, load_fleet
 
 ACTIONS = ("up", "add", "remove", "status", "down")
@@ -163,9 +163,11 @@ def cmd_up(args: argparse.Namespace) -> int:
     if spec.gpus_per_actor and gpus < 1:
         raise FleetError("this Ray cluster has no GPUs; start its nodes with `ray start --num-gpus N`, or set "
                          "gpus_per_actor: 0 for a CPU-only trial fleet")
+    # The controller lives on the head node: a GPU node lost with the controller on it would cost its
+    # cameras the controller's restart plus the liveness wait; the head's loss ends the cluster anyway.
     actor = ray.remote(FleetController).options(
         name=controller_name(spec.name), namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
-        max_restarts=-1, max_task_retries=-1, num_cpus=0, max_concurrency=8)
+        max_restarts=-1, max_task_retries=-1, num_cpus=0, resources={HEAD_RESOURCE: 0.001}, max_concurrency=8)
     controller = actor.remote(spec.redis, spec.name)
     reply = _call(controller.configure, spec.to_dict(), timeout_s=args.timeout)
     _print(reply, args.json)
