@@ -17,33 +17,43 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@contextmanager
-def redis_server(folder: Path, deadline_s: float = 30.0) -> Iterator[str]:
-    """Start redis-server on 127.0.0.1 (no persistence, its files in ``folder``); yields its URL."""
+def start_redis(folder: Path, port: int, deadline_s: float = 30.0) -> subprocess.Popen:
+    """redis-server on 127.0.0.1:``port`` (no persistence, its files in ``folder``), once it answers PING."""
     binary = shutil.which("redis-server")
     assert binary, "redis-server is missing: .ci/run installs Debian's redis-server"
-    port = free_port()
     proc = subprocess.Popen([binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
                              "--dir", str(folder), "--protected-mode", "yes"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        end = time.monotonic() + deadline_s
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
-                    s.sendall(b"PING\r\n")
-                    if s.recv(16).startswith(b"+PONG"):
-                        break
-            except OSError:
-                pass
-            assert proc.poll() is None, "redis-server exited at start"
-            assert time.monotonic() < end, "redis-server did not answer PING"
-            time.sleep(0.1)
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        proc.terminate()
+    end = time.monotonic() + deadline_s
+    while True:
         try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+                s.sendall(b"PING\r\n")
+                if s.recv(16).startswith(b"+PONG"):
+                    return proc
+        except OSError:
+            pass
+        if proc.poll() is not None or time.monotonic() > end:
+            stop_redis(proc)
+            raise AssertionError("redis-server exited at start" if proc.returncode else
+                                 "redis-server did not answer PING")
+        time.sleep(0.1)
+
+
+def stop_redis(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@contextmanager
+def redis_server(folder: Path, deadline_s: float = 30.0) -> Iterator[str]:
+    """Start redis-server on a free loopback port; yields its URL (``redis://127.0.0.1:PORT/0``)."""
+    proc = start_redis(folder, free_port(), deadline_s)
+    try:
+        yield f"redis://127.0.0.1:{proc.args[4]}/0"
+    finally:
+        stop_redis(proc)

@@ -1,8 +1,9 @@
 """Live fleets on a real multi-node Ray cluster on this machine (ray.cluster_utils.Cluster: a head and
 two worker nodes that declare one logical GPU each), tiny models on the CPU, a real broker, a real
 redis-server, the real CLI: cameras reach a subscriber at the broker; the controller killed and
-restarted keeps the placement (Redis); a worker node removed without grace, and its cameras resume
-on the survivor."""
+restarted keeps the placement (Redis); Redis stopped, a GPU actor killed meanwhile, and Redis back
+empty gets the whole state again; a worker node removed without grace, and its cameras resume on the
+survivor."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from pipeline.net.broker import Broker
 from sapiens2_client.messages import KeypointsMessage, StatusMessage
 from sapiens2_client.subscriber import ReceiveTimeout, Subscriber
 from tests.cliutil import CLI, make_video, read_jsonl, run_cli
-from tests.clusterutil import free_port, redis_server
+from tests.clusterutil import free_port, redis_server, start_redis, stop_redis
 
 RESUME_DEADLINE_S = 90.0  # the stated bound: node loss -> every camera's first frame on the survivor
 CAMERAS = ("north", "south", "west")
@@ -185,6 +186,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, cli_env: dict, tiny: Path)
     saved = dict(os.environ)
     os.environ.update(cli_env, RAY_USAGE_STATS_ENABLED="0")  # the Ray nodes' workers inherit these
     folder = tmp_path_factory.mktemp("fleet")
+    redis_procs: list = []
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 0,
                                                             "include_dashboard": False})
     nodes = [cluster.add_node(num_cpus=1, num_gpus=1) for _ in range(2)]
@@ -192,8 +194,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, cli_env: dict, tiny: Path)
         with redis_server(folder) as url, Broker("tcp://127.0.0.1:*", "tcp://127.0.0.1:*") as broker:
             ray.init(address=cluster.address, namespace=NAMESPACE, log_to_driver=False)
             yield {"cluster": cluster, "nodes": nodes, "redis": url, "broker": broker, "folder": folder,
-                   "tiny": tiny, "env": {**cli_env, "RAY_USAGE_STATS_ENABLED": "0"}}
+                   "tiny": tiny, "env": {**cli_env, "RAY_USAGE_STATS_ENABLED": "0"}, "redis_procs": redis_procs}
     finally:
+        for proc in redis_procs:  # a test's restarts of the server
+            stop_redis(proc)
         ray.shutdown()
         cluster.shutdown()
         os.environ.clear()
@@ -219,6 +223,7 @@ def _status(c: dict) -> dict:
 @pytest.mark.timeout(900)
 def test_fleet_places_cameras_survives_controller_restart_and_node_loss(cluster: dict) -> None:
     import ray
+    import redis
 
     c = cluster
     clip = make_video(c["folder"] / "clip.mp4", 10, w=96, h=64, fps=10)
@@ -271,6 +276,12 @@ def test_fleet_places_cameras_survives_controller_restart_and_node_loss(cluster:
         assert restarted["controller_node"] == head  # restarted where it ran
         _frames_after(sub, time.time_ns(), set(CAMERAS), 60)
 
+        # Redis goes away (for the rest of this part): the controller goes on from its memory, so the
+        # failover below still happens, and status says the mirror is behind.
+        db = redis.Redis.from_url(c["redis"])
+        db.shutdown(nosave=True)
+        assert not _status(c)["redis_ok"]
+
         # A GPU actor's process killed: its cameras go to the other actor at once (the failed report
         # call says so), and Ray restarts the killed one (its GPU is free), empty.
         status = _wait(lambda: (s := _status(c)) and all(w["alive"] for w in s["workers"]) and s, 60, "workers")
@@ -288,6 +299,16 @@ def test_fleet_places_cameras_survives_controller_restart_and_node_loss(cluster:
         assert {cam["id"]: cam["worker"] for cam in back["cameras"] if cam["id"] in CAMERAS} == \
             dict.fromkeys(CAMERAS, other)
         assert {o["camera"] for o in back["outages"]} >= set(killed_moved)
+
+        # Redis back, empty (a restart without persistence): the controller writes the whole state again.
+        assert not back["redis_ok"]
+        c["redis_procs"].append(start_redis(c["folder"], db.connection_pool.connection_kwargs["port"]))
+        mirrored = _wait(lambda: (s := _status(c))["redis_ok"] and s, 60, "the mirror to catch up")
+        placement = {k.decode(): int(v) for k, v in db.hgetall("sapiens2:fleet:t:placement").items()}
+        assert placement == {cam["id"]: cam["worker"] for cam in mirrored["cameras"] if cam["worker"] is not None}
+        assert {o["camera"] for o in map(json.loads, db.lrange("sapiens2:fleet:t:outages", 0, -1))} >= \
+            set(killed_moved)
+        assert int(db.get("sapiens2:fleet:t:controller_starts")) == 2
 
         # A worker node removed without grace: its cameras go to the survivor at once.
         status = _wait(lambda: (s := _status(c)) and all(w["alive"] for w in s["workers"]) and s, 60, "workers")

@@ -125,6 +125,65 @@ def _node_id() -> str:
 
 
 # -- the controller --------------------------------------------------------------------------
+class _Mirror:
+    """The controller's writes to Redis, best effort. While Redis is away the controller goes on from
+    its memory (cameras are still placed and moved) and writes are skipped; once Redis answers again,
+    ``catch_up`` writes the whole state back (Redis may have restarted empty)."""
+
+    RETRY_S = 2.0
+
+    def __init__(self, db: Any, fleet: str, keys: dict[str, str]) -> None:
+        self.db, self.fleet, self.keys = db, fleet, keys
+        self.behind = False
+        self._next_try = 0.0
+
+    def write(self, change) -> None:
+        """``change(pipe)`` queues its commands on a Redis pipeline; run them, or fall behind."""
+        if self.behind:
+            return  # catch_up writes everything
+        try:
+            pipe = self.db.pipeline()
+            change(pipe)
+            pipe.execute()
+        except Exception as exc:  # redis.RedisError and its socket errors: Redis is away
+            self._fall_behind(exc)
+
+    def probe(self) -> None:
+        """A Redis that went away while nothing was written is found out here (status asks)."""
+        if not self.behind:
+            try:
+                self.db.ping()
+            except Exception as exc:
+                self._fall_behind(exc)
+
+    def _fall_behind(self, exc: Exception) -> None:
+        log.warning("fleet %s: Redis unreachable (%s); going on from memory, the placement is written back "
+                    "when it answers", self.fleet, type(exc).__name__)
+        self.behind, self._next_try = True, time.monotonic() + self.RETRY_S
+
+    def catch_up(self, state: FleetController) -> None:
+        """Rewrite spec, cameras, placement, outages and the start count, when behind and due."""
+        if not self.behind or time.monotonic() < self._next_try or state.spec is None:
+            return
+        try:
+            pipe = self.db.pipeline()
+            pipe.delete(*self.keys.values())
+            pipe.set(self.keys["spec"], json.dumps({**state.spec.to_dict(), "cameras": []}))
+            pipe.set(self.keys["starts"], state.starts)
+            for cid, cam in state.cameras.items():
+                pipe.hset(self.keys["cameras"], cid, json.dumps(cam.to_dict()))
+            for cid, index in state.placement.items():
+                pipe.hset(self.keys["placement"], cid, index)
+            if state.outages:
+                pipe.rpush(self.keys["outages"], *(json.dumps(o) for o in state.outages))
+            pipe.execute()
+        except Exception:  # still away
+            self._next_try = time.monotonic() + self.RETRY_S
+            return
+        self.behind = False
+        log.warning("fleet %s: Redis answers again; the placement is mirrored again", self.fleet)
+
+
 @dataclass
 class _Worker:
     index: int
@@ -169,6 +228,8 @@ class FleetController:
         stored = self.db.hgetall(self.keys["cameras"])
         self.cameras = {cid.decode(): Camera(**json.loads(v)) for cid, v in stored.items()}
         self.placement = {cid.decode(): int(v) for cid, v in self.db.hgetall(self.keys["placement"]).items()}
+        self.outages = [json.loads(o) for o in self.db.lrange(self.keys["outages"], 0, _OUTAGES_KEPT - 1)]
+        self.mirror = _Mirror(self.db, fleet, self.keys)
         self.state = {cid: _CameraState() for cid in self.cameras}
         self.workers: dict[int, _Worker] = {}
         self._lock = threading.Lock()
@@ -192,7 +253,7 @@ class FleetController:
                 return {"ok": False, "error": "this fleet runs with other pipeline, broker or gpus settings; "
                                               "`sapiens2-stream fleet down` it first, or give it another name"}
             self.spec = new
-            self.db.set(self.keys["spec"], json.dumps({**new.to_dict(), "cameras": []}))
+            self.mirror.write(lambda pipe: pipe.set(self.keys["spec"], json.dumps({**new.to_dict(), "cameras": []})))
             self._start_workers()
         for camera in new.cameras:
             self.add(camera.to_dict())
@@ -209,7 +270,7 @@ class FleetController:
                                               "first to change it"}
             self.cameras[cam.id] = cam
             self.state[cam.id] = _CameraState()
-            self.db.hset(self.keys["cameras"], cam.id, json.dumps(cam.to_dict()))
+            self.mirror.write(lambda pipe: pipe.hset(self.keys["cameras"], cam.id, json.dumps(cam.to_dict())))
         return {"ok": True, "id": cam.id}
 
     def remove(self, camera_id: str) -> dict[str, Any]:
@@ -219,8 +280,8 @@ class FleetController:
             del self.cameras[camera_id]
             self.state.pop(camera_id, None)
             index = self.placement.pop(camera_id, None)
-            self.db.hdel(self.keys["cameras"], camera_id)
-            self.db.hdel(self.keys["placement"], camera_id)
+            self.mirror.write(lambda pipe: (pipe.hdel(self.keys["cameras"], camera_id),
+                                            pipe.hdel(self.keys["placement"], camera_id)))
             worker = self.workers.get(index) if index is not None else None
         if worker is not None and worker.alive:
             worker.handle.remove.remote(camera_id)
@@ -239,12 +300,10 @@ class FleetController:
                                 "frames": st.frames, "error": st.error, "attempts": st.attempts,
                                 "outage_total_s": round(st.outage_total_s, 3),
                                 "last_outage_s": None if st.last_outage_s is None else round(st.last_outage_s, 3)})
-        try:
-            outages, redis_ok = [json.loads(o) for o in self.db.lrange(self.keys["outages"], 0, 49)], True
-        except Exception:  # Redis away: the live state is still known here
-            outages, redis_ok = [], False
+            outages = self.outages[:50]
+        self.mirror.probe()  # here, not in the loop: a Redis that hangs delays this answer, never a failover
         return {"fleet": self.fleet, "controller_starts": self.starts, "controller_node": _node_id(),
-                "redis_ok": redis_ok,
+                "redis_ok": not self.mirror.behind,
                 "capacity": self.spec.capacity if self.spec else None, "workers": workers, "cameras": cameras,
                 "outages": outages}
 
@@ -319,6 +378,7 @@ class FleetController:
                 worker.report_ref = None
         self._finish_adds()
         self._place_and_start(now)
+        self.mirror.catch_up(self)
 
     def _has_cameras(self, worker: _Worker) -> bool:
         return any(index == worker.index for index in self.placement.values())
@@ -362,15 +422,16 @@ class FleetController:
                 st.down_since, st.down_reason, st.from_worker = wall, why, worker.index
             st.status, st.add_ref, st.next_try = "moving", None, 0.0
             del self.placement[cid]
-            self.db.hdel(self.keys["placement"], cid)
+            self.mirror.write(lambda pipe, cid=cid: pipe.hdel(self.keys["placement"], cid))
             self._publish_status(cid, "reconnecting", {"event": "reconnecting", "reason": f"fleet: {why}"})
 
     def _resumed(self, cid: str, st: _CameraState, index: int) -> None:
         outage = max(0.0, time.time() - st.down_since)
         record = {"camera": cid, "from": st.from_worker, "to": index, "reason": st.down_reason,
                   "lost_at": st.down_since, "resumed_at": time.time(), "outage_s": round(outage, 3)}
-        self.db.lpush(self.keys["outages"], json.dumps(record))
-        self.db.ltrim(self.keys["outages"], 0, _OUTAGES_KEPT - 1)
+        self.outages = [record, *self.outages[:_OUTAGES_KEPT - 1]]  # newest first, as in Redis
+        self.mirror.write(lambda pipe: (pipe.lpush(self.keys["outages"], json.dumps(record)),
+                                        pipe.ltrim(self.keys["outages"], 0, _OUTAGES_KEPT - 1)))
         st.outage_total_s += outage
         st.last_outage_s, st.down_since = outage, None
         log.warning("fleet %s: camera %s resumed on GPU actor %d after %.1f s", self.fleet, cid, index, outage)
@@ -420,7 +481,7 @@ class FleetController:
                 continue
             loads[index] += 1
             self.placement[cid] = index
-            self.db.hset(self.keys["placement"], cid, index)
+            self.mirror.write(lambda pipe, cid=cid, index=index: pipe.hset(self.keys["placement"], cid, index))
             if st.status not in ("moving",):
                 st.status = "pending"
             st.add_ref = live[index].handle.add.remote(self.cameras[cid].to_dict())
