@@ -1,4 +1,5 @@
-"""The one-call device benchmark must not rot between device sessions: run its CPU smoke mode.
+"""The benchmarks must not rot between the runs that measure with them: run the one-call device
+benchmark's CPU smoke mode, and the archive, many-sources and fleet benchmarks on tiny settings.
 
 This checks that every phase runs on tiny models on the CPU and writes its report (or says that
 what it measures needs CUDA), that the report carries the package versions and the correctness
@@ -107,6 +108,43 @@ def test_the_3d_step_benchmark_runs_and_reports_both_figures(tmp_path: Path) -> 
     assert [r["window"] for r in out["cost"]] == [1, 3, 5] and all(r["p50_ms"] > 0 for r in out["cost"])
     assert [r["window"] for r in out["steadiness"]] == [1, 3, 5]
     assert all(0 < r["valid_%"] <= 100 and r["jitter_rms_cm"] >= 0 for r in out["steadiness"])
+
+
+def _script(tmp_path: Path, name: str, *args: str, timeout: float) -> dict:
+    """Run bench/NAME.py with ``--json``; its numbers."""
+    out = tmp_path / f"{name}.json"
+    ran = subprocess.run([sys.executable, str(REPO / "bench" / f"{name}.py"), *args, "--json", str(out)], env=ENV,
+                         cwd=tmp_path, capture_output=True, text=True, timeout=timeout)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+@pytest.mark.timeout(300)
+def test_the_archive_benchmark_runs_the_loop_and_the_batch_command(tmp_path: Path) -> None:
+    out = _script(tmp_path, "bench_archive", "--videos", "2", "--frames", "4", "--workers", "1", timeout=280)
+    assert [r["mode"] for r in out["results"]] == ["loop", "batch W=1"]
+    for row in out["results"]:
+        assert (row["videos"], row["failed"], row["frames"]) == (2, 0, 8), row
+        assert row["frames_per_s"] > 0 and row["steady_vs_loop"] > 0
+
+
+@pytest.mark.timeout(300)
+def test_the_many_sources_benchmark_runs_batched_and_separate(tmp_path: Path) -> None:
+    out = _script(tmp_path, "bench_multisource", "--sources", "1,2", "--frames", "4", "--warmup", "1", "--threads",
+                  "1", timeout=280)
+    assert [r["sources"] for r in out["rows"]] == [1, 2]
+    for row in out["rows"]:
+        assert row["batched"]["frames"] == 4 * row["sources"] and row["batched"]["fps"] > 0
+        assert row["separate"]["fps"] > 0 and row["batched"]["memory_mb"] > 0
+
+
+@pytest.mark.timeout(480)
+def test_the_fleet_benchmark_measures_overhead_and_a_failover(tmp_path: Path) -> None:
+    out = _script(tmp_path, "bench_fleet", "--cameras", "2", "--warmup", "1", "--window", "3", "--failovers", "1",
+                  timeout=460)
+    assert out["fleet_fps"] > 0 and len(out["standalone_runs_fps"]) == 2 and out["fleet_vs_standalone"] > 0
+    [failover] = out["failovers"]
+    assert failover["moved"] >= 1 and 0 < failover["first_frame_max_s"] < 90
 
 
 @pytest.mark.timeout(120)
