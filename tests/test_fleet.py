@@ -342,6 +342,18 @@ def test_fleet_places_cameras_survives_controller_restart_and_node_loss(cluster:
         text = run_cli(["fleet", "status", "--address", c["cluster"].address, "--name", "t"], c["env"],
                        c["folder"]).stdout
         assert "LOST" in text and "last outage" in text, text
+
+        # `fleet down` with Redis away stops the actors but says the keys remain; run again, it finishes.
+        db.shutdown(nosave=True)
+        args = ["fleet", "down", "--address", c["cluster"].address, "--name", "t"]
+        refused = run_cli(args, c["env"], c["folder"], timeout=120)
+        assert refused.rc == 1 and "keys remain" in refused.stderr and "run `fleet down` again" in refused.stderr, \
+            refused.stderr
+        c["redis_procs"].append(start_redis(c["folder"], db.connection_pool.connection_kwargs["port"]))
+        db.set("sapiens2:fleet:t:spec", "{}")  # as if Redis had kept the fleet's keys
+        done = run_cli(args, c["env"], c["folder"], timeout=120)
+        assert done.rc == 0 and "stopped" in done.stdout, done.stderr
+        assert not db.keys("sapiens2:fleet:t:*")
     finally:
         sub.close()
         subprocess.run([*CLI, "fleet", "down", "--address", c["cluster"].address, "--name", "t"], env=c["env"],

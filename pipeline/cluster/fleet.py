@@ -318,7 +318,12 @@ class FleetController:
                     ray.kill(worker.handle, no_restart=True)
                 except Exception:  # already gone
                     log.debug("killing worker %d", worker.index, exc_info=True)
-            self.db.delete(*self.keys.values())
+            try:
+                self.db.delete(*self.keys.values())
+            except Exception as exc:  # Redis away: a later `fleet up` of this name would bring the cameras back
+                return {"ok": False, "error": f"the GPU actors are stopped, but Redis does not answer "
+                                              f"({type(exc).__name__}) and the fleet's keys remain; start Redis and "
+                                              "run `fleet down` again"}
         return {"ok": True}
 
     # -- the controller's loop ------------------------------------------------------------------

@@ -114,6 +114,13 @@ def _call(method, *args, timeout_s: float) -> Any:
         return ray.get(method.remote(*args), timeout=timeout_s)
     except ray.exceptions.GetTimeoutError:
         raise FleetError(f"the fleet controller did not answer within {timeout_s:.0f} s") from None
+    except ray.exceptions.RayTaskError as exc:  # its first line is Ray's task banner: say what failed instead
+        cause = exc.cause if isinstance(exc.cause, BaseException) else exc
+        first = (str(cause).splitlines() or [""])[0]
+        raise FleetError(f"the fleet controller failed: {type(cause).__name__}: {first}") from None
+    except ray.exceptions.RayActorError as exc:
+        raise FleetError(f"the fleet controller is not running ({type(exc).__name__}); Ray restarts it: try again "
+                         "in a few seconds") from None
 
 
 def _print(reply: dict[str, Any], as_json: bool) -> None:
@@ -240,7 +247,9 @@ def cmd_down(args: argparse.Namespace) -> int:
 
     _connect(args.address)
     controller = _controller(args.name)
-    _call(controller.down, timeout_s=args.timeout)
+    reply = _call(controller.down, timeout_s=args.timeout)
+    if not reply.get("ok"):
+        raise FleetError(f"fleet {args.name}: {reply['error']}")  # the controller stays, for the next try
     ray.kill(controller, no_restart=True)
     print(f"fleet {args.name}: stopped")
     return 0
