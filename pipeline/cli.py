@@ -114,7 +114,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config, overrides_from(args))
     logging.getLogger().setLevel(cfg.log_level.upper())
-    preflight(cfg)  # bad input is refused before torch and the pipeline are imported (seconds)
+    preflight(cfg)  # before torch and the pipeline are imported: bad input costs half a second, not eight
     from .app import run_pipeline
 
     stop = threading.Event()
