@@ -130,12 +130,12 @@ class _Mirror:
     its memory (cameras are still placed and moved) and writes are skipped; once Redis answers again,
     ``catch_up`` writes the whole state back (Redis may have restarted empty)."""
 
-    RETRY_S = 2.0
+    RETRY_S = (2.0, 30.0)  # the first retry, the longest wait between retries (each doubles)
 
     def __init__(self, db: Any, fleet: str, keys: dict[str, str]) -> None:
         self.db, self.fleet, self.keys = db, fleet, keys
         self.behind = False
-        self._next_try = 0.0
+        self._next_try, self._wait_s = 0.0, self.RETRY_S[0]
 
     def write(self, change) -> None:
         """``change(pipe)`` queues its commands on a Redis pipeline; run them, or fall behind."""
@@ -159,7 +159,8 @@ class _Mirror:
     def _fall_behind(self, exc: Exception) -> None:
         log.warning("fleet %s: Redis unreachable (%s); going on from memory, the placement is written back "
                     "when it answers", self.fleet, type(exc).__name__)
-        self.behind, self._next_try = True, time.monotonic() + self.RETRY_S
+        self.behind, self._wait_s = True, self.RETRY_S[0]
+        self._next_try = time.monotonic() + self._wait_s
 
     def catch_up(self, state: FleetController) -> None:
         """Rewrite spec, cameras, placement, outages and the start count, when behind and due."""
@@ -177,8 +178,9 @@ class _Mirror:
             if state.outages:
                 pipe.rpush(self.keys["outages"], *(json.dumps(o) for o in state.outages))
             pipe.execute()
-        except Exception:  # still away
-            self._next_try = time.monotonic() + self.RETRY_S
+        except Exception:  # still away (a Redis that hangs costs this loop a connect timeout per try)
+            self._wait_s = min(self.RETRY_S[1], 2 * self._wait_s)
+            self._next_try = time.monotonic() + self._wait_s
             return
         self.behind = False
         log.warning("fleet %s: Redis answers again; the placement is mirrored again", self.fleet)
@@ -221,7 +223,7 @@ class FleetController:
     def __init__(self, redis_url: str, fleet: str) -> None:
         redis = need("redis", "fleet")
         self.fleet, self.keys = fleet, redis_keys(fleet)
-        self.db = redis.Redis.from_url(redis_url, socket_timeout=10, socket_connect_timeout=10)
+        self.db = redis.Redis.from_url(redis_url, socket_timeout=5, socket_connect_timeout=3)
         self.starts = int(self.db.incr(self.keys["starts"]))
         raw = self.db.get(self.keys["spec"])
         self.spec: FleetSpec | None = FleetSpec.from_dict(json.loads(raw)) if raw else None
