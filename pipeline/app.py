@@ -35,6 +35,7 @@ from .sinks.publisher import ZmqPublisher, curve_for
 from .sinks.recorder import RecorderError, VideoRecorder
 from .sources import Source, SourceError, open_source
 from .stages_setup import Stages, build_stages, pick_device
+from .terminal import progress_bar
 
 log = logging.getLogger("sapiens2_stream")
 
@@ -51,9 +52,7 @@ class Display:
         self._status_shown = False
         self._persons: dict[str, int] = {}
         if enabled and not self.live:
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total, unit="frame", file=sys.stderr, dynamic_ncols=True)
+            self.bar = progress_bar(total, "frame")
         if enabled:
             self._handler = _AboveDisplay(self)
             root = logging.getLogger()

@@ -5,12 +5,17 @@ starts; the listing of inputs and the completion markers in-process.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import pty
+import select
 import shutil
 import signal
+import struct
 import subprocess
 import tempfile
+import termios
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -175,6 +180,49 @@ def test_batch_killed_then_resumed_does_each_video_once(archive: Path, ray_env: 
         assert (video.count, video.width, video.height) == (frames, W, H), name
     assert sorted(p.name for p in (out / "broken").iterdir()) == [FAILED]
     assert not [p for p in out.rglob(".*")], "temporary files remain"
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("sized", [True, False], ids=["100 columns", "no width"])
+def test_on_a_terminal_batch_shows_a_bar_over_the_videos(ray_env: dict[str, str], tiny: Path, tmp_path: Path,
+                                                          sized: bool) -> None:
+    """stderr a terminal (a pty): one tqdm bar over the videos, no per-video lines (those are for logs);
+    on a terminal that reports no width (as some do), a bar of 80 columns."""
+    archive = tmp_path / "archive"
+    archive.mkdir()
+    for name in ("left", "right"):
+        make_video(archive / f"{name}.mp4", 4, W, H)
+    args = [*CLI, "batch", str(archive), "--out", str(tmp_path / "out"), "--tasks", "pose", "--workers", "1",
+            *[a for a in OFFLINE if a != "--no-progress"]]
+    primary, secondary = pty.openpty()
+    if sized:
+        fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 100, 0, 0))  # 30 rows, 100 columns
+    proc = subprocess.Popen(args, env=ray_env, cwd=tmp_path, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=secondary, start_new_session=True)
+    os.close(secondary)
+    shown = bytearray()
+    try:
+        end = time.monotonic() + DEADLINE_S
+        while True:  # until the CLI ended and the terminal has nothing more (Ray's processes may hold it open)
+            ready = select.select([primary], [], [], 0.5)[0]
+            if ready:
+                try:
+                    shown += os.read(primary, 65536)
+                except OSError:  # every writer closed the terminal
+                    break
+            elif proc.poll() is not None:
+                break
+            assert time.monotonic() < end, "the run did not end"
+        stdout = proc.stdout.read().decode()
+        proc.wait(30)
+    finally:
+        os.close(primary)
+        _kill_session(proc.pid)
+    text = shown.decode(errors="replace")
+    assert proc.returncode == 0, text
+    assert "2/2" in text and "video" in text and "100%|" in text, text  # tqdm: done over total, in videos
+    assert "[1/2]" not in text and "[2/2]" not in text, text  # the one-line-per-video form is for logs
+    assert "2 inputs: 2 done" in stdout
 
 
 @pytest.mark.timeout(400)

@@ -255,9 +255,9 @@ def refuse_batch_flags(args: argparse.Namespace) -> None:
 def batch_config(args: argparse.Namespace) -> RunConfig:
     """The run config of every video: YAML and flags, with the keys batch sets itself cleared (from
     the YAML file they are ignored, with one warning), checked as far as it can be without models."""
-    from pipeline.app import preflight
     from pipeline.cli import overrides_from
     from pipeline.config import FIELDS, SourceSpec, load_config
+    from pipeline.preflight import preflight
 
     cfg = load_config(args.config, overrides_from(args))
     defaults = {key: FIELDS[key].default_factory() if FIELDS[key].default_factory is not dataclasses.MISSING
@@ -380,9 +380,9 @@ class Progress:
         self.total, self.done = total, 0
         self.bar = None
         if bar:
-            from tqdm import tqdm
+            from pipeline.terminal import progress_bar
 
-            self.bar = tqdm(total=total, unit="video", file=sys.stderr, dynamic_ncols=True)
+            self.bar = progress_bar(total, "video")
 
     def update(self, row: dict[str, Any]) -> None:
         self.done += 1
