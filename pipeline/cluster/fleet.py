@@ -5,7 +5,8 @@ Two kinds of actor, both named (namespace ``sapiens2-stream``) and restarted by 
 - ``GpuWorker`` (``num_gpus=1``, one per GPU): the batched multi-source pipeline of one process
   (pipeline.app: models loaded once, a Runner that sources join and leave), its publisher connected
   to the broker's XSUB side. Frames go camera -> worker -> broker; they never touch Ray's object store.
-- ``FleetController`` (detached, on the head node): owns the camera-to-worker placement and mirrors it to Redis; a
+- ``FleetController`` (detached, on the head node): owns the camera-to-worker placement and mirrors it to Redis
+  (best effort, mirror.py); a
   thread of its own watches the workers (a report every half second, and Ray's node table). When a
   worker or its node is lost, its cameras go at once to the survivors with spare capacity (Ray's own
   restart of the worker waits for a free GPU); the outage of each camera, from the loss to its first
@@ -29,6 +30,7 @@ from typing import Any
 
 from .commands import need
 from .fleetspec import Camera, FleetSpec, place
+from .mirror import Mirror
 
 log = logging.getLogger(__name__)
 NAMESPACE = "sapiens2-stream"
@@ -125,67 +127,6 @@ def _node_id() -> str:
 
 
 # -- the controller --------------------------------------------------------------------------
-class _Mirror:
-    """The controller's writes to Redis, best effort. While Redis is away the controller goes on from
-    its memory (cameras are still placed and moved) and writes are skipped; once Redis answers again,
-    ``catch_up`` writes the whole state back (Redis may have restarted empty)."""
-
-    RETRY_S = (2.0, 30.0)  # the first retry, the longest wait between retries (each doubles)
-
-    def __init__(self, db: Any, fleet: str, keys: dict[str, str]) -> None:
-        self.db, self.fleet, self.keys = db, fleet, keys
-        self.behind = False
-        self._next_try, self._wait_s = 0.0, self.RETRY_S[0]
-
-    def write(self, change) -> None:
-        """``change(pipe)`` queues its commands on a Redis pipeline; run them, or fall behind."""
-        if self.behind:
-            return  # catch_up writes everything
-        try:
-            pipe = self.db.pipeline()
-            change(pipe)
-            pipe.execute()
-        except Exception as exc:  # redis.RedisError and its socket errors: Redis is away
-            self._fall_behind(exc)
-
-    def probe(self) -> None:
-        """A Redis that went away while nothing was written is found out here (status asks)."""
-        if not self.behind:
-            try:
-                self.db.ping()
-            except Exception as exc:
-                self._fall_behind(exc)
-
-    def _fall_behind(self, exc: Exception) -> None:
-        log.warning("fleet %s: Redis unreachable (%s); going on from memory, the placement is written back "
-                    "when it answers", self.fleet, type(exc).__name__)
-        self.behind, self._wait_s = True, self.RETRY_S[0]
-        self._next_try = time.monotonic() + self._wait_s
-
-    def catch_up(self, state: FleetController) -> None:
-        """Rewrite spec, cameras, placement, outages and the start count, when behind and due."""
-        if not self.behind or time.monotonic() < self._next_try or state.spec is None:
-            return
-        try:
-            pipe = self.db.pipeline()
-            pipe.delete(*self.keys.values())
-            pipe.set(self.keys["spec"], json.dumps({**state.spec.to_dict(), "cameras": []}))
-            pipe.set(self.keys["starts"], state.starts)
-            for cid, cam in state.cameras.items():
-                pipe.hset(self.keys["cameras"], cid, json.dumps(cam.to_dict()))
-            for cid, index in state.placement.items():
-                pipe.hset(self.keys["placement"], cid, index)
-            if state.outages:
-                pipe.rpush(self.keys["outages"], *(json.dumps(o) for o in state.outages))
-            pipe.execute()
-        except Exception:  # still away (a Redis that hangs costs this loop a connect timeout per try)
-            self._wait_s = min(self.RETRY_S[1], 2 * self._wait_s)
-            self._next_try = time.monotonic() + self._wait_s
-            return
-        self.behind = False
-        log.warning("fleet %s: Redis answers again; the placement is mirrored again", self.fleet)
-
-
 @dataclass
 class _Worker:
     index: int
@@ -231,7 +172,7 @@ class FleetController:
         self.cameras = {cid.decode(): Camera(**json.loads(v)) for cid, v in stored.items()}
         self.placement = {cid.decode(): int(v) for cid, v in self.db.hgetall(self.keys["placement"]).items()}
         self.outages = [json.loads(o) for o in self.db.lrange(self.keys["outages"], 0, _OUTAGES_KEPT - 1)]
-        self.mirror = _Mirror(self.db, fleet, self.keys)
+        self.mirror = Mirror(self.db, fleet, self.keys)
         self.state = {cid: _CameraState() for cid in self.cameras}
         self.workers: dict[int, _Worker] = {}
         self._lock = threading.Lock()
