@@ -34,6 +34,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.failover import first_frames_after, latest_indices  # noqa: E402
 from bench.harness import dump_json, table  # noqa: E402
 from pipeline.cluster.fleet import NAMESPACE  # noqa: E402
 from pipeline.net.broker import Broker  # noqa: E402
@@ -212,7 +213,7 @@ def main() -> None:
                 lost_ns = time.time_ns()
                 cluster.remove_node(node, allow_graceful=False)
                 nodes.remove(node)
-                first = first_frames_after(sub, lost_ns, last)
+                first = first_frames_after(sub, lost_ns, last, 300.0)
                 seen = {c: (ns - lost_ns) / 1e9 for c, ns in first.items()}
                 recorded += len(victim["cameras"])
                 status = wait_outages(common, env, folder, recorded)
@@ -269,44 +270,8 @@ def wait_all_alive(common: list[str], env: dict, folder: Path) -> dict:
         time.sleep(1.0)
 
 
-def latest_indices(sub: Subscriber, cameras: set[str], drain_s: float = 1.0) -> dict[str, int]:
-    """The newest frame index of every camera (receiving until each one has sent, then ``drain_s`` more)."""
-    last: dict[str, int] = {}
-    deadline, drain_end = time.monotonic() + 120, None
-    while drain_end is None or time.monotonic() < drain_end:
-        if time.monotonic() > deadline:
-            raise SystemExit(f"no keypoints from {sorted(cameras - set(last))}")
-        try:
-            msg = sub.recv(timeout_s=0.2)
-        except ReceiveTimeout:
-            continue
-        if isinstance(msg, KeypointsMessage) and msg.meta.source_id in cameras:
-            last[msg.meta.source_id] = msg.meta.frame_index
-            if drain_end is None and set(last) == cameras:
-                drain_end = time.monotonic() + drain_s
-    return last
-
-
-def first_frames_after(sub: Subscriber, since_ns: int, last: dict[str, int]) -> dict[str, int]:
-    """Capture time of each camera's first frame on its new actor: a moved camera is a new source
-    there, so its frame index starts again below the last one seen (frames the dying actor still
-    sent do not count)."""
-    first: dict[str, int] = {}
-    deadline = time.monotonic() + 300
-    while set(first) != set(last):
-        if time.monotonic() > deadline:
-            raise SystemExit(f"cameras {sorted(set(last) - set(first))} did not resume within 300 s")
-        try:
-            msg = sub.recv(timeout_s=1.0)
-        except ReceiveTimeout:
-            continue
-        cid = msg.meta.source_id if isinstance(msg, KeypointsMessage) else None
-        if cid in last and cid not in first:
-            if msg.meta.frame_index < last[cid] and msg.meta.capture_ns > since_ns:
-                first[cid] = msg.meta.capture_ns
-            else:
-                last[cid] = max(last[cid], msg.meta.frame_index)
-    return first
-
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except TimeoutError as exc:  # a camera that never came (back): one line
+        raise SystemExit(str(exc)) from None

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from bench.failover import first_frames_after, latest_indices
 from pipeline.cluster.fleet import NAMESPACE, controller_name, worker_name
 from pipeline.cluster.fleetspec import place
 from pipeline.net.broker import Broker
@@ -139,45 +140,6 @@ def _frames_after(sub: Subscriber, since_ns: int, wanted: set[str], deadline_s: 
     return first
 
 
-def _latest_indices(sub: Subscriber, cameras: set[str]) -> dict[str, int]:
-    """The newest frame index of each camera (until each has sent, then a second more)."""
-    last: dict[str, int] = {}
-    end, drain_end = time.monotonic() + 60, None
-    while drain_end is None or time.monotonic() < drain_end:
-        assert time.monotonic() < end, f"no keypoints from {sorted(cameras - set(last))}"
-        try:
-            msg = sub.recv(timeout_s=0.2)
-        except ReceiveTimeout:
-            continue
-        if isinstance(msg, KeypointsMessage) and msg.meta.source_id in cameras:
-            last[msg.meta.source_id] = msg.meta.frame_index
-            if drain_end is None and set(last) == cameras:
-                drain_end = time.monotonic() + 1.0
-    return last
-
-
-def _restarted(sub: Subscriber, since_ns: int, last: dict[str, int], deadline_s: float, statuses: list) -> dict:
-    """Capture time of each moved camera's first frame on its new actor: it is a new source there, so
-    its frame index starts again below the last one seen (late frames of the dying actor do not count)."""
-    first: dict[str, int] = {}
-    end = time.monotonic() + deadline_s
-    while set(first) != set(last):
-        assert time.monotonic() < end, f"cameras {sorted(set(last) - set(first))} did not resume on the survivor"
-        try:
-            msg = sub.recv(timeout_s=1.0)
-        except ReceiveTimeout:
-            continue
-        if isinstance(msg, StatusMessage):
-            statuses.append(msg)
-        elif isinstance(msg, KeypointsMessage) and msg.meta.source_id in last and msg.meta.source_id not in first:
-            cid = msg.meta.source_id
-            if msg.meta.frame_index < last[cid] and msg.meta.capture_ns > since_ns:
-                first[cid] = msg.meta.capture_ns
-            else:
-                last[cid] = max(last[cid], msg.meta.frame_index)
-    return first
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, cli_env: dict, tiny: Path):
     import ray
@@ -287,10 +249,10 @@ def test_fleet_places_cameras_survives_controller_restart_and_node_loss(cluster:
         status = _wait(lambda: (s := _status(c)) and all(w["alive"] for w in s["workers"]) and s, 60, "workers")
         killed = max(status["workers"], key=lambda w: len([x for x in w["cameras"] if x != "broken"]))
         killed_moved = sorted(x for x in killed["cameras"] if x != "broken")
-        last = _latest_indices(sub, set(killed_moved))
+        last = latest_indices(sub, set(killed_moved), 60.0)
         killed_ns = time.time_ns()
         ray.kill(ray.get_actor(worker_name("t", killed["index"]), namespace=NAMESPACE), no_restart=False)
-        first = _restarted(sub, killed_ns, last, RESUME_DEADLINE_S, [])
+        first = first_frames_after(sub, killed_ns, last, RESUME_DEADLINE_S)
         print(f"actor killed -> first frame on the other actor: "
               f"{ {cid: round((ns - killed_ns) / 1e9, 2) for cid, ns in first.items()} } s")
         other = next(w["index"] for w in status["workers"] if w["index"] != killed["index"])
@@ -317,10 +279,10 @@ def test_fleet_places_cameras_survives_controller_restart_and_node_loss(cluster:
         assert moved, status
         node = next(n for n in c["nodes"] if n.node_id == victim["node"])
         statuses: list = []
-        last = _latest_indices(sub, set(moved))
+        last = latest_indices(sub, set(moved), 60.0)
         lost_ns = time.time_ns()
         c["cluster"].remove_node(node, allow_graceful=False)
-        first = _restarted(sub, lost_ns, last, RESUME_DEADLINE_S, statuses)
+        first = first_frames_after(sub, lost_ns, last, RESUME_DEADLINE_S, statuses)
         resumed_s = {cid: round((ns - lost_ns) / 1e9, 2) for cid, ns in first.items()}
         print(f"failover: node lost -> first frame of each moved camera on the survivor: {resumed_s} s")
         _frames_after(sub, lost_ns, set(CAMERAS), 60, statuses)  # and the camera that stayed goes on
