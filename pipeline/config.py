@@ -260,11 +260,13 @@ class RunConfig:
                 raise ConfigError(f"{where}: expected a mapping with id and uri, got {entry!r}")
             unknown = sorted(set(entry) - SOURCE_KEYS)
             if unknown:
-                raise ConfigError(f"{where}: unknown key {unknown[0]!r}; a source takes {', '.join(sorted(SOURCE_KEYS))}")
+                takes = ", ".join(sorted(SOURCE_KEYS))
+                raise ConfigError(f"{where}: unknown key {unknown[0]!r}; a source takes {takes}")
             if not isinstance(entry.get("uri"), str) or not entry["uri"].strip():
                 raise ConfigError(f"{where}: needs a uri (what --source takes)")
             for key, kind in (("realtime", bool), ("stall_timeout_s", int | float)):
-                if key in entry and (isinstance(entry[key], bool) != (kind is bool) or not isinstance(entry[key], kind)):
+                value = entry.get(key)
+                if key in entry and (isinstance(value, bool) != (kind is bool) or not isinstance(value, kind)):
                     raise ConfigError(f"{where}: {key} must be {'true or false' if kind is bool else 'a number'}")
             name = entry.get("id")
             if name is not None and not isinstance(name, str):

@@ -26,9 +26,6 @@ from pipeline.runner import Runner
 from pipeline.sources import Source
 from pipeline.sources.demo import SyntheticCamera
 from stages.types import Detections, Frame, FrameResult, Keypoints, StreamInfo
-
-pytestmark = pytest.mark.timeout(120)
-
 from tests.cliutil import (  # noqa: F401 - fixtures and helpers shared with the fault tests
     CLI,
     CONFIGS,
@@ -44,6 +41,8 @@ from tests.cliutil import (  # noqa: F401 - fixtures and helpers shared with the
     run_cli,
     strictly_increasing,
 )
+
+pytestmark = pytest.mark.timeout(120)
 
 
 # -- 1. demo source --------------------------------------------------------------------------

@@ -18,7 +18,8 @@ pytestmark = pytest.mark.timeout(30)
 
 
 def make_result(index: int, persons: int, *, with_pose: bool = True, random_weights: bool = False) -> FrameResult:
-    frame = Frame(index, np.zeros((720, 1280, 3), np.uint8), 512 * index, Fraction(1, 15360), 1_700_000_000_000_000_000 + index)
+    image = np.zeros((720, 1280, 3), np.uint8)
+    frame = Frame(index, image, 512 * index, Fraction(1, 15360), 1_700_000_000_000_000_000 + index)
     boxes = np.array([[10 + p, 20, 110 + p, 320] for p in range(persons)], np.float32).reshape(-1, 4)
     detections = Detections(boxes, np.full(persons, 0.9, np.float32), np.arange(persons) + 7)
     keypoints = None

@@ -79,8 +79,9 @@ def test_round_trip_every_field(pub: ZmqPublisher) -> None:
     by_kind: dict[type, list] = {}
     for m in got:
         by_kind.setdefault(type(m), []).append(m)
-    assert {k: len(v) for k, v in by_kind.items()} == {KeypointsMessage: 4, FrameMessage: 4, SegMessage: 4, MatteMessage: 4}
-    for r, k, f, s, m in zip(results, *(by_kind[t] for t in (KeypointsMessage, FrameMessage, SegMessage, MatteMessage))):
+    kinds = (KeypointsMessage, FrameMessage, SegMessage, MatteMessage)
+    assert {k: len(v) for k, v in by_kind.items()} == dict.fromkeys(kinds, 4)
+    for r, k, f, s, m in zip(results, *(by_kind[t] for t in kinds)):
         for msg in (k, f, s, m):
             meta = msg.meta
             assert (meta.source_id, meta.frame_index, meta.pts, meta.time_base, meta.capture_ns) == (

@@ -8,9 +8,10 @@ Two kinds of actor, both named (namespace ``sapiens2-stream``) and restarted by 
 - ``FleetController`` (detached, on the head node): owns the camera-to-worker placement and mirrors
   it to Redis (best effort, mirror.py); a thread of its own watches the workers (a report every half
   second, and Ray's node table). When a worker or its node is lost, its cameras go at once to the
-  survivors with spare capacity (Ray's own restart of the worker waits for a free GPU); the outage of each camera, from the loss to its first
-  frame on the new worker, is kept in the status and published as a status message through the broker.
-  A restarted controller reads the placement back from Redis and finds its workers by name.
+  survivors with spare capacity (Ray's own restart of the worker waits for a free GPU); the outage of
+  each camera, from the loss to its first frame on the new worker, is kept in the status and published
+  as a status message through the broker. A restarted controller reads the placement back from Redis
+  and finds its workers by name.
 
 Ray's GPU rules are kept: plain ``num_gpus=1`` actors, no placement groups; each node's
 ``CUDA_VISIBLE_DEVICES`` is fixed when the node starts (``ray start --num-gpus``), and Ray gives each

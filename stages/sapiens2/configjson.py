@@ -81,7 +81,10 @@ def config_from_json(data: Any, where: str = "config.json") -> Sapiens2Config:
     except ConfigError as exc:
         raise ConfigError(str(exc) if str(exc).startswith(where) else f"{where}: {exc}") from None
     labels = data.get("id2label")
-    num_labels = len(labels) if isinstance(labels, dict) and labels else data.get("num_labels", DEFAULT_NUM_LABELS[task])
+    if isinstance(labels, dict) and labels:
+        num_labels = len(labels)
+    else:
+        num_labels = data.get("num_labels", DEFAULT_NUM_LABELS[task])
     image_size = data.get("image_size", [1024, 768])
     if isinstance(image_size, int):
         image_size = [image_size, image_size]
@@ -101,7 +104,9 @@ def config_from_json(data: Any, where: str = "config.json") -> Sapiens2Config:
 def _head_config(head: dict, up: list[int], conv: list[int], where: str) -> HeadConfig:
     return HeadConfig(
         upsample_out_channels=up,
-        upsample_kernel_sizes=_int_list(head, "upsample_kernel_sizes", where) or [head.get("upsample_kernel_size", 4)] * len(up),
+        upsample_kernel_sizes=(
+            _int_list(head, "upsample_kernel_sizes", where) or [head.get("upsample_kernel_size", 4)] * len(up)
+        ),
         conv_out_channels=conv,
         conv_kernel_sizes=_int_list(head, "conv_kernel_sizes", where) or [head.get("conv_kernel_size", 1)] * len(conv),
         use_pixel_shuffle=bool(head.get("use_pixel_shuffle")),
@@ -151,7 +156,9 @@ def infer_config(sd: dict[str, Tensor], where: str, image_size: tuple[int, int] 
 
     tasks = [t for t, name in PREDICTOR.items() if f"decode_head.{name}.weight" in sd]
     if len(tasks) != 1:
-        raise ConfigError(f"{where}: cannot tell the task: expected one of decode_head.conv_{{pose,seg,matting,normal,pointmap}}")
+        raise ConfigError(
+            f"{where}: cannot tell the task: expected one of decode_head.conv_{{pose,seg,matting,normal,pointmap}}"
+        )
     task = tasks[0]
     proj = need("backbone.patch_embed.projection.weight")  # (D, 3, p, p)
     hidden, patch = proj.shape[0], proj.shape[-1]
@@ -179,7 +186,8 @@ def infer_config(sd: dict[str, Tensor], where: str, image_size: tuple[int, int] 
     conv_idx = sorted(int(m.group(1)) for k in sd if (m := re.match(r"decode_head\.conv_layers\.(\d+)\.weight$", k)))
     conv_w = [sd[f"decode_head.conv_layers.{i}.weight"] for i in conv_idx]
     head = HeadConfig(up_out, up_k, [w.shape[0] for w in conv_w], [w.shape[-1] for w in conv_w], pixel_shuffle)
-    scale_idx = sorted(int(m.group(1)) for k in sd if (m := re.match(r"decode_head\.scale_conv_layers\.(\d+)\.weight$", k)))
+    scale_key = re.compile(r"decode_head\.scale_conv_layers\.(\d+)\.weight$")
+    scale_idx = sorted(int(m.group(1)) for k in sd if (m := scale_key.match(k)))
     if scale_idx:
         scale_w = [sd[f"decode_head.scale_conv_layers.{i}.weight"] for i in scale_idx]
         head.scale_conv_out_channels = [w.shape[0] for w in scale_w]

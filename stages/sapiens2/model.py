@@ -195,7 +195,9 @@ class Head(nn.Module):
             blocks, in_ch = [], d
             for out_ch, k in zip(hc.upsample_out_channels, hc.upsample_kernel_sizes):
                 blocks.append(
-                    nn.Sequential(nn.Conv2d(in_ch, out_ch * 4, k, padding=(k - 1) // 2), nn.PixelShuffle(2), *_norm_act())
+                    nn.Sequential(
+                        nn.Conv2d(in_ch, out_ch * 4, k, padding=(k - 1) // 2), nn.PixelShuffle(2), *_norm_act()
+                    )
                 )
                 in_ch = out_ch
             self.upsample_blocks = nn.ModuleList(blocks)

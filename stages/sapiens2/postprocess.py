@@ -23,7 +23,8 @@ def _blur_kernel(kernel: int, device: torch.device) -> Tensor:
     impulse = torch.zeros(1, 2 * kernel - 1, 2 * kernel - 1)
     impulse[0, kernel - 1, kernel - 1] = 1.0
     half = kernel // 2
-    weights = tvF.gaussian_blur(impulse, [kernel, kernel], [sigma, sigma])[0, half : half + kernel, half : half + kernel]
+    blurred = tvF.gaussian_blur(impulse, [kernel, kernel], [sigma, sigma])
+    weights = blurred[0, half : half + kernel, half : half + kernel]
     return weights.to(device)
 
 

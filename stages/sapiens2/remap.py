@@ -84,7 +84,9 @@ def _rename_reference_key(key: str, task: str, pixel_shuffle: bool) -> str:
     m = re.match(r"^decode_head\.upsample_layers\.(\d+)\.convolution\.(.*)$", key)
     if m:
         i, rest = int(m.group(1)), m.group(2)
-        return f"decode_head.upsample_blocks.{i}.0.{rest}" if pixel_shuffle else f"decode_head.deconv_layers.{3 * i}.{rest}"
+        if pixel_shuffle:
+            return f"decode_head.upsample_blocks.{i}.0.{rest}"
+        return f"decode_head.deconv_layers.{3 * i}.{rest}"
     if key.startswith("decode_head.predictor."):
         return key.replace("decode_head.predictor.", f"decode_head.{PREDICTOR[task]}.")
     return key  # unknown keys pass through and are reported by the strict load

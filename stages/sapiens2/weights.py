@@ -108,7 +108,8 @@ def resolve_hub(repo_id: str) -> Path:
             f"`hf download {repo_id}` where there is network, or pass a local checkpoint folder"
         ) from None
     except Exception as exc:  # network, auth and repo errors all end the same way for the user
-        raise CheckpointError(f"{repo_id}: could not fetch from the Hugging Face hub ({type(exc).__name__}: {exc})") from None
+        reason = f"{type(exc).__name__}: {exc}"
+        raise CheckpointError(f"{repo_id}: could not fetch from the Hugging Face hub ({reason})") from None
 
 
 def is_hub_id(source: str | os.PathLike) -> bool:
@@ -135,7 +136,9 @@ def load_state(source: str | os.PathLike, image_size: tuple[int, int] | None = N
     if path.is_dir():
         config_path = path / "config.json"
         if not config_path.exists():
-            raise CheckpointError(f"{path}: no config.json; pass the .safetensors file itself to infer the architecture")
+            raise CheckpointError(
+                f"{path}: no config.json; pass the .safetensors file itself to infer the architecture"
+            )
         try:
             cfg = config_from_json(json.loads(config_path.read_text()), str(config_path))
         except json.JSONDecodeError as exc:
@@ -180,7 +183,8 @@ def check_state(model_sd: dict[str, Tensor], sd: dict[str, Tensor], where: str) 
     if missing:
         problems.append(f"missing {len(missing)}: {', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}")
     if unexpected:
-        problems.append(f"unexpected {len(unexpected)}: {', '.join(unexpected[:8])}{' ...' if len(unexpected) > 8 else ''}")
+        more = " ..." if len(unexpected) > 8 else ""
+        problems.append(f"unexpected {len(unexpected)}: {', '.join(unexpected[:8])}{more}")
     if shapes:
         problems.append(f"shape mismatch {len(shapes)}: {'; '.join(shapes[:6])}")
     if problems:
