@@ -30,6 +30,7 @@ import threading
 import time
 from fractions import Fraction
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Callable
 
 import av
@@ -115,6 +116,7 @@ class PoseStub:
     """A pose stage whose preprocess/infer/postprocess return prepared constants (no model work)."""
 
     random_weights = True
+    model = SimpleNamespace(cfg=SimpleNamespace(num_labels=K))  # the engine reads the keypoint count here
 
     def __init__(self, device: torch.device, n: int = 1) -> None:
         self.crops = torch.zeros(n, 3, 64, 48, device=device)

@@ -1,5 +1,5 @@
 """The benchmarks must not rot between the runs that measure with them: run the one-call device
-benchmark's CPU smoke mode, and the archive, many-sources and fleet benchmarks on tiny settings.
+benchmark's CPU smoke mode, and every other benchmark in bench/ on tiny settings.
 
 This checks that every phase runs on tiny models on the CPU and writes its report (or says that
 what it measures needs CUDA), that the report carries the package versions and the correctness
@@ -145,6 +145,35 @@ def test_the_fleet_benchmark_measures_overhead_and_a_failover(tmp_path: Path) ->
     assert out["fleet_fps"] > 0 and len(out["standalone_runs_fps"]) == 2 and out["fleet_vs_standalone"] > 0
     [failover] = out["failovers"]
     assert failover["moved"] >= 1 and 0 < failover["first_frame_max_s"] < 90
+
+
+@pytest.mark.timeout(300)
+def test_the_overhead_benchmark_times_every_part_and_gives_a_verdict(tmp_path: Path) -> None:
+    out = _script(tmp_path, "bench_overhead", "--iters", "2", "--warmup", "1", "--threads", "1", timeout=280)
+    parts = {row["part"] for row in out["rows"]}
+    assert parts == {"decode", "upload", "plumbing", "annotation", "encoding", "publishing"}
+    summed = [row for row in out["rows"] if row["in sum"]]
+    assert summed and all(row["p50 ms"] == row["p50 ms"] for row in summed)  # no NaN
+    assert out["verdict"] in ("MET", "MISSED") and out["our_code_ms"] > 0 and out["target_ms"] == 5.0
+
+
+@pytest.mark.timeout(300)
+def test_the_stages_benchmark_compares_ours_and_the_reference_per_stage(tmp_path: Path) -> None:
+    out = _script(tmp_path, "bench_stages", "--config", "tiny", "--persons", "1", "--iters", "1", "--warmup", "1",
+                  "--frame", "240", "320", "--threads", "1", timeout=280)
+    rows = {(r["stage"], r["path"]): r for r in out["rows"]}
+    for stage in ("pose x1", "seg", "matting"):
+        for path in ("model", "image -> host result"):
+            assert rows[(stage, path)]["ours p50"] > 0 and rows[(stage, path)]["ref p50"] > 0, (stage, path)
+    assert any(stage.startswith("frame (") for stage, _ in rows)
+
+
+@pytest.mark.timeout(300)
+def test_the_pose_benchmark_runs_both_paths(tmp_path: Path) -> None:
+    out = _script(tmp_path, "bench_pose_cpu", "--persons", "1", "--iters", "1", "--warmup", "1", "--threads", "1",
+                  timeout=280)
+    [row] = out["rows"]
+    assert row["persons"] == 1 and row["ours p50 ms"] > 0 and row["reference p50 ms"] > 0
 
 
 @pytest.mark.timeout(120)
