@@ -9,6 +9,7 @@ flag cannot drift apart. Unknown keys and values of the wrong type fail with
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import types
 import typing
@@ -160,6 +161,8 @@ class RunConfig:
                                                "tcp://broker:5556")
     jpeg_quality: int = option(80, "JPEG quality of published frames, 1..100")
     gpu_jpeg: bool = option(False, "JPEG-encode published frames on the GPU (nvJPEG) when CUDA is present")
+    publish_raw_frames: bool = option(False, "publish frames as decoded, without the pipeline's overlays (the "
+                                             "browser viewer then draws its layers itself, each one toggleable)")
     curve_dir: str | None = option(None, "CURVE keys folder from `sapiens2-stream keys` (encrypt + authenticate)")
     curve_client: str = option("pipeline", "with --publish-connect and --curve-dir: the client key name this "
                                            "pipeline uses towards the broker")
@@ -268,6 +271,9 @@ class RunConfig:
                 value = entry.get(key)
                 if key in entry and (isinstance(value, bool) != (kind is bool) or not isinstance(value, kind)):
                     raise ConfigError(f"{where}: {key} must be {'true or false' if kind is bool else 'a number'}")
+            stall = entry.get("stall_timeout_s")
+            if stall is not None and not 0 < stall < math.inf:
+                raise ConfigError(f"{where}: stall_timeout_s must be a positive number of seconds, got {stall}")
             name = entry.get("id")
             if name is not None and not isinstance(name, str):
                 raise ConfigError(f"{where}: id must be a string")
@@ -292,10 +298,17 @@ class RunConfig:
                 except ValueError as exc:
                     raise ConfigError(f"{where}: {exc}") from None
             named.append(dataclasses.replace(spec, id=name))
-        ids = [s.id for s in named if s.id is not None]
-        repeated = sorted({n for n in ids if ids.count(n) > 1})
-        if repeated:
-            raise ConfigError(f"source: the name {repeated[0]!r} is used twice; give each source its own")
+        seen: dict[str, tuple[SourceSpec, bool]] = {}
+        for spec, given in zip(named, specs):
+            if spec.id is None:
+                continue
+            auto = given.id is None  # named cam<i> by its place
+            if spec.id in seen:
+                first, first_auto = seen[spec.id]
+                hint = " (unnamed sources are cam0, cam1, ... in order)" if auto or first_auto else ""
+                raise ConfigError(f"{first.where} and {spec.where} are both named {spec.id!r}; give each source "
+                                  f"its own name{hint}")
+            seen[spec.id] = (spec, auto)
         return named
 
 
@@ -381,9 +394,14 @@ def merge(cfg: RunConfig, values: dict[str, Any], where: str) -> RunConfig:
     return dataclasses.replace(cfg, **updates)
 
 
-def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None) -> RunConfig:
-    """Defaults <- YAML file <- overrides (CLI flags), validated."""
+def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None, *,
+                overrides_from: str = "command line") -> RunConfig:
+    """Defaults <- YAML file <- overrides (CLI flags), validated.
+
+    An error names where the offending value came from: the file, the flag (``--max-frames``), or,
+    for overrides that are not flags (a fleet file's ``pipeline:``), ``overrides_from``."""
     cfg = RunConfig()
+    origins: dict[str, str] = {}
     if path is not None:
         path = Path(path)
         if not path.is_file():
@@ -395,9 +413,29 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: expected a mapping of keys to values")
         cfg = merge(cfg, data, str(path))
+        origins.update(dict.fromkeys(data, str(path)))
     if overrides:
-        cfg = merge(cfg, overrides, "command line")
+        cfg = merge(cfg, overrides, overrides_from)
+        origins.update(dict.fromkeys(overrides, overrides_from))
     try:
         return cfg.validate()
     except ConfigError as exc:
-        raise ConfigError(f"{path or 'config'}: {exc}") from None
+        raise ConfigError(_blame(str(exc), origins, path, overrides_from)) from None
+
+
+def _blame(message: str, origins: dict[str, str], path: Path | None, overrides_from: str) -> str:
+    """``KEY: problem`` with where KEY was set: its flag, its file, or (a default, or several keys)
+    the file if there is one. Messages that already name their origin (``--source 'x'``,
+    ``sources[1]``) are left as they are, prefixed by the file for a ``sources:`` entry."""
+    key = message.split(":", 1)[0]
+    if message.startswith("--"):
+        return message
+    if key.startswith("sources[") and path is not None:
+        return f"{path}: {message}"
+    origin = origins.get(key)
+    if origin == "command line":
+        flag = FIELDS[key].metadata.get("flag") or key.replace("_", "-")
+        return f"--{flag}:{message.split(':', 1)[1]}"
+    if origin is not None:
+        return f"{origin}: {message}"
+    return f"{path}: {message}" if path is not None else message

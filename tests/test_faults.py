@@ -187,21 +187,21 @@ def test_a_failed_start_leaves_existing_outputs_and_loads_no_model(cli_env: dict
 
 # -- bad input, refused up front -------------------------------------------------------------
 BAD_INPUT = [
-    (["--max-frames", "-5"], ["max_frames", "at least 1"]),
+    (["--max-frames", "-5"], ["--max-frames", "at least 1"]),
     (["--publish", "tcp://127.0.0.1:99999"], ["port 99999"]),
     (["--publish", "127.0.0.1:5555"], ["tcp://127.0.0.1:5555"]),
     (["--publish-connect", "tcp://*:5556"], ["only when binding"]),
-    (["--det-conf", "5"], ["det_conf", "0..1"]),
+    (["--det-conf", "5"], ["--det-conf", "0..1"]),
     (["--tasks", "matting", "--matte-background", "missing.jpg"], ["matte_background", "missing.jpg"]),
     (["--detector", "yolo", "--detector-model", "/nonexistent.pt"], ["/nonexistent.pt", "no such file"]),
     (["--detector", "yolo", "--detector-model", "evil.pt"], ["pickle", "--trust-detector-model"]),
     (["--record", "out.avi"], ["record", ".mp4"]),
-    (["--source-id", "cam.0"], ["source_id"]),
-    (["--kpt-threshold", "-1"], ["kpt_threshold"]),
+    (["--source-id", "cam.0"], ["--source-id"]),
+    (["--kpt-threshold", "-1"], ["--kpt-threshold"]),
     (["--device", "tpu"], ["tpu"]),
-    (["--tasks", "seg", "--keypoints3d"], ["keypoints3d", "pose"]),
-    (["--keypoints3d", "--keypoints3d-window", "4"], ["keypoints3d_window", "odd"]),
-    (["--keypoints3d", "--pointmap-every", "0"], ["pointmap_every", "at least 1"]),
+    (["--tasks", "seg", "--keypoints3d"], ["--keypoints3d", "pose"]),
+    (["--keypoints3d", "--keypoints3d-window", "4"], ["--keypoints3d-window", "odd"]),
+    (["--keypoints3d", "--pointmap-every", "0"], ["--pointmap-every", "at least 1"]),
 ]
 
 
@@ -217,6 +217,19 @@ def test_bad_input_is_one_line_before_any_model(cli_env: dict[str, str], tmp_pat
     ran = run_cli(["--source", clip, *base, *args], cli_env, tmp_path)
     assert_one_clear_error(ran, *needles)
     assert "loaded " not in ran.stderr
+
+
+def test_a_bad_flag_is_blamed_on_the_flag_not_on_the_config_file(cli_env: dict[str, str], tmp_path: Path,
+                                                                 clip: Path) -> None:
+    """With --config, a value given as a flag is named by its flag; one from the file by the file."""
+    config = tmp_path / "run.yaml"
+    config.write_text("det_conf: 0.4\n")
+    ran = run_cli(["--config", config, "--source", clip, *TINY_POSE, "--max-frames", "0"], cli_env, tmp_path)
+    last = assert_one_clear_error(ran, "--max-frames", "at least 1")
+    assert "run.yaml" not in last
+    config.write_text("max_frames: 0\n")
+    ran = run_cli(["--config", config, "--source", clip, *TINY_POSE], cli_env, tmp_path)
+    assert_one_clear_error(ran, "run.yaml: max_frames", "at least 1")
 
 
 def test_bad_input_is_refused_before_torch_is_imported(cli_env: dict[str, str], tmp_path: Path, clip: Path) -> None:

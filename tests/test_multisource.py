@@ -85,10 +85,11 @@ def test_a_bad_source_is_reported_and_the_others_finish(tiny: Path, cli_env: dic
 @pytest.mark.parametrize(
     "args, needles",
     [
-        (["--source", "x=demo", "--source", "x=demo"], ["'x' is used twice"]),
+        (["--source", "x=demo", "--source", "x=demo"], ["--source 'x=demo' and --source 'x=demo'", "both named 'x'"]),
+        (["--source", "cam1=demo", "--source", "demo"], ["both named 'cam1'", "unnamed sources are cam0, cam1"]),
         (["--source", "=demo"], ["name is empty"]),
         (["--source", "demo", "--source", "demo", "--record", "out.mp4"], ["{source}"]),
-        (["--source", "demo", "--source", "demo", "--source-id", "one"], ["source_id", "NAME=SPEC"]),
+        (["--source", "demo", "--source", "demo", "--source-id", "one"], ["--source-id", "NAME=SPEC"]),
     ],
 )
 def test_bad_source_lists_are_one_line(cli_env: dict[str, str], tmp_path: Path, args: list[str],
@@ -98,11 +99,19 @@ def test_bad_source_lists_are_one_line(cli_env: dict[str, str], tmp_path: Path, 
     assert "loaded " not in ran.stderr
 
 
-def test_unknown_key_in_a_sources_entry_names_the_entry(cli_env: dict[str, str], tmp_path: Path) -> None:
+@pytest.mark.parametrize("entries, needles", [
+    ("  - {id: a, uri: demo}\n  - {id: b, uri: demo, fps: 30}\n", ["sources[1]", "fps"]),
+    ("  - {id: a, uri: demo, stall_timeout_s: 0}\n  - {id: b, uri: demo}\n",
+     ["sources[0]", "stall_timeout_s", "positive"]),
+    ("  - {id: a, uri: demo}\n  - {id: a, uri: demo}\n", ["sources[0] and sources[1]", "both named 'a'"]),
+], ids=["unknown key", "stall timeout 0", "repeated id"])
+def test_a_bad_sources_entry_is_one_line_naming_it(cli_env: dict[str, str], tmp_path: Path, entries: str,
+                                                   needles: list[str]) -> None:
     config = tmp_path / "cams.yaml"
-    config.write_text("sources:\n  - {id: a, uri: demo}\n  - {id: b, uri: demo, fps: 30}\n")
+    config.write_text("sources:\n" + entries)
     ran = run_cli(["--config", config, *POSE], cli_env, tmp_path)
-    assert_one_clear_error(ran, "sources[1]", "fps")
+    assert_one_clear_error(ran, "cams.yaml", *needles)
+    assert "loaded " not in ran.stderr
 
 
 def test_yaml_sources_with_their_own_settings(tiny: Path, cli_env: dict[str, str], tmp_path: Path,

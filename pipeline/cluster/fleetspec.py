@@ -142,9 +142,9 @@ def parse_fleet(data: Any, where: str = "fleet") -> FleetSpec:
         raise FleetError(f"{where}: pipeline.{refused[0]} is set by the fleet itself (cameras, broker, curve_dir) "
                          "or needs one host; remove it")
     try:
-        load_config(None, pipeline)
+        load_config(None, pipeline, overrides_from="pipeline")
     except ConfigError as exc:
-        raise FleetError(f"{where}: pipeline: {exc}") from None
+        raise FleetError(f"{where}: {exc}") from None
     curve_dir = data.get("curve_dir")
     if curve_dir is not None and not Path(curve_dir).is_dir():
         raise FleetError(f"{where}: curve_dir {curve_dir!r} is not a folder; make keys with `sapiens2-stream keys`")
