@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -54,7 +55,8 @@ def _fleet_file(tmp_path: Path, **overrides) -> Path:
     ({"capacity": 0}, "capacity must be a whole number"),
     ({"cameras": [{"id": "a", "uri": "demo", "fps": 3}]}, "unknown key 'fps'"),
     ({"pipeline": {"record": "x.mp4"}}, "pipeline.record is set by the fleet"),
-    ({"pipeline": {"tasks": ["posture"]}}, "pipeline"),
+    ({"pipeline": {"tasks": ["posture"]}}, "pipeline: tasks"),
+    ({"pipeline": {"bogus": 1}}, "fleet.yaml: pipeline: unknown key 'bogus'"),
     ({"broker": "127.0.0.1:5555"}, "no transport"),
     ({}, "broker tcp://127.0.0.1:1 is not reachable"),
 ])
@@ -81,6 +83,27 @@ def test_unreachable_redis_and_ray_address_are_one_line(tmp_path: Path, cli_env:
         ran.stderr
     ran = run_cli(["fleet", "status", "--address", f"127.0.0.1:{free_port()}"], cli_env, tmp_path, timeout=60)
     assert ran.rc == 1 and ran.stderr.count("error:") == 1 and "not reachable" in ran.stderr, ran.stderr
+
+
+@pytest.mark.timeout(120)
+def test_a_port_that_accepts_but_never_answers_is_one_line(tmp_path: Path, cli_env: dict) -> None:
+    """A listener that says nothing (a wrong port behind a firewall or proxy that accepts every
+    connection) is not a broker and not a Ray head: one line within seconds, not Ray's minute of retries."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        port = silent.getsockname()[1]
+        ran = run_cli(["fleet", "up", _fleet_file(tmp_path, broker=f"tcp://127.0.0.1:{port}")], cli_env, tmp_path,
+                      timeout=60)
+        assert ran.rc == 1 and ran.stderr.count("error:") == 1, ran.stderr
+        assert f"broker tcp://127.0.0.1:{port} is not reachable (something listens there, but sent nothing" \
+            in ran.stderr, ran.stderr
+        for argv in (["fleet", "status", "--address", f"127.0.0.1:{port}"],
+                     ["batch", str(make_video(tmp_path / "walk.mp4", 2, w=64, h=48)), "--out", str(tmp_path / "out"),
+                      "--address", f"127.0.0.1:{port}"]):
+            ran = run_cli(argv, cli_env, tmp_path, timeout=60)
+            assert ran.rc == 1 and ran.stderr.count("error:") == 1 and "sent nothing within" in ran.stderr, ran.stderr
+            assert "gcs_client" not in ran.stderr and "Traceback" not in ran.stderr, ran.stderr
 
 
 @pytest.mark.timeout(300)

@@ -51,7 +51,7 @@ from .archive_files import (
     prepare_out,
     write_atomic,
 )
-from .commands import need
+from .commands import need, unanswered
 
 if TYPE_CHECKING:  # the models' modules load torch: imported where a command runs, not by the CLI's parser
     from pipeline.config import RunConfig
@@ -272,18 +272,17 @@ def batch_config(args: argparse.Namespace) -> RunConfig:
 
 
 def check_address(address: str) -> None:
-    """ConfigError unless something listens at HOST:PORT (``auto`` is left to Ray)."""
+    """ConfigError unless a Ray head answers at HOST:PORT (``auto`` is left to Ray)."""
     if address == "auto":
         return
     host, sep, port = address.removeprefix("ray://").rpartition(":")
     if not sep or not host or not port.isdigit():
         raise ConfigError(f"--address {address!r}: expected HOST:PORT (the head's GCS port, 6379 unless changed), "
                           "ray://HOST:PORT or auto")
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=ADDRESS_TIMEOUT_S).close()
-    except OSError as exc:
-        raise ConfigError(f"--address {address}: no Ray cluster answers there ({exc.strerror or exc}); start one "
-                          "with `ray start --head`, or leave --address out to run on a local Ray") from None
+    why = unanswered(host, int(port), "grpc", ADDRESS_TIMEOUT_S)
+    if why is not None:
+        raise ConfigError(f"--address {address}: no Ray cluster answers there ({why}); start one "
+                          "with `ray start --head`, or leave --address out to run on a local Ray")
 
 
 def _run_on_ray(args: argparse.Namespace, cfg: RunConfig, todo: list[Item], out: Path, run_id: str, address: str | None,

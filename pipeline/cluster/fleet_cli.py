@@ -8,13 +8,12 @@ import argparse
 import json
 import logging
 import os
-import socket
 import threading
 import time
 from typing import Any
 from urllib.parse import urlparse
 
-from .commands import need
+from .commands import need, unanswered
 from .fleet import HEAD_RESOURCE, NAMESPACE, FleetController, controller_name
 from .fleetspec import FleetError, camera_from, load_fleet
 
@@ -62,18 +61,15 @@ def fleet_argv(argv: list[str]) -> list[str]:
     return argv
 
 
-def check_reachable(url_or_endpoint: str, what: str, timeout_s: float = 3.0) -> None:
-    """A TCP connect to HOST:PORT, so that an unreachable service is one line before anything starts."""
+def check_reachable(url_or_endpoint: str, what: str, speaks: str = "tcp", timeout_s: float = 3.0) -> None:
+    """One line before anything starts when the service at HOST:PORT does not answer (commands.unanswered)."""
     text = url_or_endpoint if "://" in url_or_endpoint else f"tcp://{url_or_endpoint}"
     parsed = urlparse(text)
     if parsed.scheme not in ("tcp", "redis", "rediss", "ray") or not parsed.hostname or not parsed.port:
         return  # ipc:// and unix sockets: nothing to probe here
-    try:
-        with socket.create_connection((parsed.hostname, parsed.port), timeout=timeout_s):
-            pass
-    except OSError as exc:
-        raise FleetError(f"{what} {url_or_endpoint} is not reachable ({exc.strerror or exc}); start it or fix "
-                         "the address") from None
+    why = unanswered(parsed.hostname, parsed.port, speaks, timeout_s)
+    if why is not None:
+        raise FleetError(f"{what} {url_or_endpoint} is not reachable ({why}); start it or fix the address")
 
 
 def _connect(address: str | None, start_local: bool = False) -> bool:
@@ -82,7 +78,7 @@ def _connect(address: str | None, start_local: bool = False) -> bool:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     address = address or os.environ.get("RAY_ADDRESS")
     if address and address != "auto":
-        check_reachable(address.removeprefix("ray://"), "Ray address")
+        check_reachable(address.removeprefix("ray://"), "Ray address", "grpc")
     elif not start_local:
         address = "auto"
     kwargs: dict[str, Any] = {"namespace": NAMESPACE, "logging_level": logging.WARNING, "log_to_driver": False}
@@ -151,7 +147,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     import ray
 
     spec = load_fleet(args.fleet_file)
-    check_reachable(spec.broker, "broker")
+    check_reachable(spec.broker, "broker", "zmtp")
     check_reachable(spec.redis, "Redis")
     redis = need("redis", "fleet")
     try:
