@@ -140,7 +140,8 @@ def build_sinks(cfg: RunConfig, stop: threading.Event, several: bool = False) ->
     if endpoint:
         connect = cfg.publish_connect is not None
         publisher = ZmqPublisher(endpoint, connect=connect, jpeg_quality=cfg.jpeg_quality,
-                                 curve=curve_for(cfg.curve_dir, connect, cfg.curve_client), gpu_jpeg=cfg.gpu_jpeg)
+                                 curve=curve_for(cfg.curve_dir, connect, cfg.curve_client), gpu_jpeg=cfg.gpu_jpeg,
+                                 raw_frames=cfg.publish_raw_frames)
         publisher.bind()
         sinks.append(publisher)
     if cfg.record:
@@ -168,6 +169,9 @@ def open_sources(cfg: RunConfig, specs: list[SourceSpec]) -> tuple[list[Source],
             results[i] = open_spec(cfg, spec)
         except SourceError as exc:
             results[i] = exc
+        except Exception as exc:  # a bug, not a bad source: still this source's failure, never a silent loss
+            log.debug("opening %s failed", spec.uri, exc_info=True)
+            results[i] = SourceError(f"{spec.uri}: {type(exc).__name__}: {exc}")
 
     threads = [threading.Thread(target=open_one, args=(i, spec), daemon=True) for i, spec in enumerate(specs)]
     for thread in threads:
@@ -216,13 +220,18 @@ def run_pipeline(cfg: RunConfig, stop: threading.Event | None = None) -> int:
         _start_view(cfg, sinks, services)
         if metrics is not None:
             sinks.append(MetricsSink(metrics))
-            publisher = next((s for s in sinks if isinstance(s, ZmqPublisher) and not s.raw_frames), None)
+            publisher = next((s for s in sinks if isinstance(s, ZmqPublisher) and not isinstance(s, _ViewFeed)), None)
             metrics.watch_publisher(publisher)
         sources, failed_at_start = open_sources(cfg, specs)
         stages = build_stages(cfg, device)
         runner, display = assemble(cfg, sources, stages, sinks, stop, max_frames_per_step=len(specs))
         if metrics is not None:
-            metrics.describe_run(cfg.tasks, cfg.model_size, cfg.dtype, stages.device, stages.random_weights)
+            def describe() -> None:  # the precision each stage computes in, as resolved (and after a fallback)
+                metrics.describe_run(cfg.tasks, cfg.model_size, precision(stages), stages.device,
+                                     stages.random_weights)
+
+            describe()
+            runner.engine.on_precision_change = describe
             metrics.ready = True
             idle = runner.on_idle
             runner.on_idle = lambda source: (metrics.beat(), idle and idle(source))
@@ -245,7 +254,7 @@ def run_pipeline(cfg: RunConfig, stop: threading.Event | None = None) -> int:
         display.close()
     if stats.error is not None:
         raise stats.error
-    _summary(stats, sources, stages.random_weights)
+    _summary(stats, runner.every_source(), stages.random_weights)
     for sink in _flatten(sinks):
         if isinstance(sink, VideoRecorder) and sink.frames_written:
             log.info("wrote %s (%d frames)", sink.path, sink.frames_written)
@@ -268,13 +277,17 @@ def _start_metrics(cfg: RunConfig, services: list) -> PipelineMetrics | None:
     return metrics
 
 
+class _ViewFeed(ZmqPublisher):
+    """The ``--view`` server's own loopback publisher (raw frames: the page draws every layer)."""
+
+
 def _start_view(cfg: RunConfig, sinks: list[Sink], services: list) -> None:
     """``--view``: a publisher of raw frames on a free loopback port, and the web viewer reading it."""
     if cfg.view is None:
         return
     from .viewer.server import ViewServer
 
-    feed = ZmqPublisher("tcp://127.0.0.1:*", jpeg_quality=cfg.jpeg_quality, raw_frames=True)
+    feed = _ViewFeed("tcp://127.0.0.1:*", jpeg_quality=cfg.jpeg_quality, raw_frames=True)
     feed.bind()
     sinks.append(feed)
     server = ViewServer([feed.endpoint], cfg.view, cfg.view_token, kpt_threshold=cfg.kpt_threshold).start()
@@ -295,8 +308,14 @@ def _close_all(services: list) -> None:
 def _flatten(sinks: list[Sink]) -> list[Sink]:
     out: list[Sink] = []
     for sink in sinks:
-        out.extend(sink.sinks.values() if isinstance(sink, PerSource) else [sink])
+        out.extend([*sink.finished, *sink.sinks.values()] if isinstance(sink, PerSource) else [sink])
     return out
+
+
+def precision(stages: Stages) -> str:
+    """The dtype the models compute in (``float16,bfloat16`` when a stage fell back), or ``none``."""
+    dtypes = {str(est.model.dtype).removeprefix("torch.") for est in stages.estimators.values()}
+    return ",".join(sorted(dtypes)) or "none"
 
 
 def _summary(stats, sources: list[Source], random_weights: bool) -> None:
@@ -330,6 +349,7 @@ def assemble(cfg: RunConfig, sources: Source | list[Source], stages: Stages, sin
         log.warning("RANDOM WEIGHTS in use: outputs are meaningless (tests and offline demo only)")
         for source in sources:
             source.mark_random_weights()
+    # the publisher that sends annotated frames (a raw-frames one, the --view feed included, draws nothing)
     publisher = next((s for s in sinks if isinstance(s, ZmqPublisher) and not s.raw_frames), None)
     always_image = any(getattr(s, "uses_image", False) for s in sinks)  # recordings, previews
     annotator = compose_annotators(_annotation_layers(cfg)) if always_image or publisher is not None else None

@@ -291,12 +291,7 @@ class RunConfig:
             name = spec.id if spec.id is not None else (f"cam{i}" if len(specs) > 1 else self.source_id)
             where = "source_id" if spec.id is None and name is not None and len(specs) == 1 else spec.where
             if name is not None:
-                if not name:
-                    raise ConfigError(f"{where}: the name is empty; write NAME=SPEC with a name")
-                try:
-                    check_source_id(name)
-                except ValueError as exc:
-                    raise ConfigError(f"{where}: {exc}") from None
+                check_source_name(name, where)
             named.append(dataclasses.replace(spec, id=name))
         seen: dict[str, tuple[SourceSpec, bool]] = {}
         for spec, given in zip(named, specs):
@@ -326,6 +321,16 @@ class SourceSpec:
     realtime: bool | None = None
     stall_timeout_s: float | None = None
     where: str = "source"
+
+
+def check_source_name(name: str, where: str) -> None:
+    """ConfigError naming ``where`` unless ``name`` can be a source id (topics, file names, the wire)."""
+    if not name:
+        raise ConfigError(f"{where}: the name is empty; write NAME=SPEC with a name")
+    try:
+        check_source_id(name)
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
 
 
 def split_source(text: str, where: str = "source") -> tuple[str | None, str]:

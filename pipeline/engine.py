@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -119,6 +120,7 @@ class FrameEngine:
         self.metric3d = keypoints3d is not None and bool(stages.estimators["pointmap"].model.cfg.head.has_scale)
         self.pointmap_every = max(1, pointmap_every)
         self.sources: dict[str, SourceState] = {}
+        self.on_precision_change: Callable[[], None] | None = None  # after a float16 -> bfloat16 fallback
         graphs = [t for t, est in stages.estimators.items() if est.fastpath.cuda_graphs]
         if self.cuda and overlap and graphs:
             # CUDA-graph replays of all compiled models share one memory pool; replays on different
@@ -137,6 +139,10 @@ class FrameEngine:
             with self.lanes.use(stream_of[task]):
                 seconds[task] = est.warmup(max_persons if task == "pose" else max_frames)
         return seconds
+
+    def forget(self, source_id: str) -> None:
+        """Drop a source's tracks, smoothers and cached maps (it ended or was removed)."""
+        self.sources.pop(source_id, None)
 
     def state(self, source_id: str) -> SourceState:
         if source_id not in self.sources:
@@ -383,11 +389,16 @@ class FrameEngine:
             task = name.split(".")[0]
             est = self.stages.estimators[task]
             if est.model.dtype != torch.float16:
-                raise NonFiniteOutputError(
-                    f"{task}: the model produced non-finite values (NaN/Inf) in {str(est.model.dtype)[6:]}; "
-                    "check the checkpoint, or try --dtype float32")
+                dtype = str(est.model.dtype)[6:]
+                advice = ("check the checkpoint: its weights hold NaN/Inf, or it is not a Sapiens2 checkpoint of "
+                          "this task" if est.model.dtype == torch.float32 else
+                          "check the checkpoint, or try --dtype float32")
+                raise NonFiniteOutputError(f"{task}: the model produced non-finite values (NaN/Inf) in {dtype}; "
+                                           f"{advice}")
             log.warning("%s: float16 overflowed (non-finite output); this stage runs in bfloat16 from now on", task)
             est.set_dtype(torch.bfloat16)
+            if self.on_precision_change is not None:
+                self.on_precision_change()
             redo = Pending(pending.frames, Clock(self.device))
             stream_of = dict(DENSE_STREAMS)
             with torch.inference_mode():

@@ -32,7 +32,7 @@ from stages.annotate import Annotator
 from stages.types import FrameResult, StreamInfo
 
 from .engine import FrameEngine
-from .sinks import Sink
+from .sinks import PerSource, Sink
 from .sources import Source, SourceEnded, SourceError
 
 log = logging.getLogger(__name__)
@@ -188,6 +188,8 @@ class Runner:
         self._single = len(sources) == 1  # a single-source run: that source failing is the run's error
         self.keep_alive = False  # True: run on with no source left (sources come through add_source)
         self._gone: dict[str, Source] = {}  # sources that ended, failed or were removed
+        self._unfinished: dict[str, int] = {}  # frames submitted to the engine, not yet handed to the sinks
+        self._closing: list[str] = []  # retired sources whose outputs are finished once their frames are out
 
     @staticmethod
     def _id(source: Source) -> str:
@@ -231,6 +233,7 @@ class Runner:
         while not self.stop.is_set():
             self._apply_changes(worker)
             self._forward_events(worker)
+            self._close_retired(worker)
             if not self.sources and in_flight is None and self._changes.empty():
                 if not self.keep_alive:
                     break  # every source ended (or was removed)
@@ -255,6 +258,7 @@ class Runner:
             self.stats.steps += 1
             self.stats.batch_sizes.append(len(frames))
             for frame in frames:
+                self._unfinished[frame.source_id] = self._unfinished.get(frame.source_id, 0) + 1
                 self._count_submitted(frame.source_id)
             if in_flight is not None and not self._finish(in_flight, worker):
                 return
@@ -308,6 +312,7 @@ class Runner:
         if source is not None:
             source.stop()
             self._gone[sid] = source
+            self._closing.append(sid)
         if why is not None:
             self.stats.failed[sid] = why
             if not self._single:
@@ -320,6 +325,7 @@ class Runner:
 
     def _finish(self, pending, worker: SinkWorker) -> bool:
         for result in self.engine.finish_batch(pending, self.random_weights):
+            self._unfinished[result.frame.source_id] -= 1
             source = self._source_of(result.frame.source_id)
             if source is not None:
                 result.drops = {"source": source.frames_dropped, "reopens": source.reopens,
@@ -330,6 +336,17 @@ class Runner:
 
     def _source_of(self, sid: str) -> Source | None:
         return self.sources.get(sid) or self._gone.get(sid)
+
+    def _close_retired(self, worker: SinkWorker) -> None:
+        """Finish the outputs of sources that ended, failed or were removed, once their last frame
+        has gone to the sinks (a recording is complete as soon as its source is, not at the run's end)."""
+        for sid in list(self._closing):
+            if not self._unfinished.get(sid):
+                self._closing.remove(sid)
+                forget = getattr(self.engine, "forget", None)  # optional: engines that keep per-source state
+                if forget is not None:
+                    forget(sid)
+                worker.put(SourceClosed(sid))
 
     def _forward_events(self, worker: SinkWorker) -> None:
         for source in list(self.sources.values()):
@@ -366,8 +383,8 @@ class Runner:
             try:
                 if kind == "add":
                     sid = self._id(payload)
-                    if sid in self.sources:
-                        raise ValueError(f"a source named {sid!r} is running already")
+                    self.check_new_id(sid)
+                    self._gone.pop(sid, None)
                     if self.random_weights:  # as assemble() marks the sources a run starts with
                         payload.mark_random_weights()
                     info = payload.info
@@ -379,9 +396,7 @@ class Runner:
                 else:
                     if payload not in self.sources:
                         raise KeyError(f"no running source named {payload!r}")
-                    self._retire(payload, None)
-                    self.engine.sources.pop(payload, None)
-                    worker.put(SourceClosed(payload))
+                    self._retire(payload, None)  # its outputs are finished after its frames in flight
             except (ValueError, KeyError) as exc:
                 box["error"] = exc
             finally:
@@ -397,6 +412,19 @@ class Runner:
                 payload.stop()
             box["error"] = RuntimeError("the pipeline stopped")
             done.set()
+
+    def every_source(self) -> list[Source]:
+        """Every source of the run: running, ended, failed or removed."""
+        return [*self.sources.values(), *(s for sid, s in self._gone.items() if sid not in self.sources)]
+
+    def check_new_id(self, sid: str) -> None:
+        """ValueError unless a source may join under ``sid``: not while one of that name runs, and
+        not again after one ended when each source writes files of its own (they would be overwritten)."""
+        if sid in self.sources:
+            raise ValueError(f"a source named {sid!r} is running already")
+        if sid in self._gone and any(isinstance(sink, PerSource) for sink in self.sinks):
+            raise ValueError(f"a source named {sid!r} ran earlier in this run and its output files would be "
+                             "overwritten; add it under another name")
 
     def describe(self) -> list[dict[str, Any]]:
         """The running sources with their health and figures (for the control endpoint)."""

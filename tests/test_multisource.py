@@ -4,6 +4,7 @@ batched forwards, and adding/removing sources of a running pipeline over its con
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import threading
@@ -258,6 +259,14 @@ def test_control_endpoint_adds_lists_and_removes_sources(tiny: Path, cli_env: di
                 (tmp_path / "all.jsonl").read_text().count('"source":"extra","frame"') < 40:
             assert time.monotonic() < deadline, "the added file did not run to its end"
             time.sleep(0.1)
+        while not decode_ok(tmp_path / "extra.mp4"):  # a file that ended: its recording is final, the run goes on
+            assert time.monotonic() < deadline, "the ended source's recording was not finalised while running"
+            time.sleep(0.2)
+        again = _control(endpoint, "add", f"extra={clips['b']}")  # would overwrite extra.mp4
+        assert again.returncode != 0 and "ran earlier in this run" in again.stderr, again.stderr
+        for bad, why in ((f"={clips['b']}", "name is empty"), (f"{'x' * 100}={clips['b']}", "1-64")):
+            refused = _control(endpoint, "add", bad)
+            assert refused.returncode != 0 and why in refused.stderr, refused.stderr
         assert _control(endpoint, "remove", "live").returncode == 0
         assert _control(endpoint, "remove", "live").returncode != 0  # gone
         deadline = time.monotonic() + 60
@@ -276,13 +285,19 @@ def test_control_endpoint_adds_lists_and_removes_sources(tiny: Path, cli_env: di
     extra = [r["frame"] for r in records if r.get("source") == "extra" and "frame" in r]
     assert extra == list(range(40))  # the added file: every frame, in order
     assert decode_video(tmp_path / "extra.mp4").count == 40
+    # the summary covers the sources that joined and left, with their drops and reopens
+    assert re.search(r"  extra: 40 frames, .*, 0 dropped, 0 reopens", err), err
+    assert re.search(r"  live: \d+ frames, .*, \d+ dropped, 0 reopens", err), err
+    assert f"wrote {tmp_path / 'extra.mp4'} (40 frames)" in err and f"wrote {tmp_path / 'live.mp4'}" in err, err
 
 
 def decode_ok(path: Path) -> bool:
+    """The recording is final: a standard MP4 (index at the front, no fragments left) that decodes."""
     try:
-        return decode_video(path).count > 0 and path.read_bytes()[4:8] == b"ftyp" and \
-            b"moov" in path.read_bytes()[:4096]
-    except Exception:  # not there yet, or still the fragmented working copy
+        data = path.read_bytes()
+        return data[4:8] == b"ftyp" and b"moov" in data[:4096] and b"moof" not in data and \
+            decode_video(path).count > 0
+    except Exception:  # not there yet
         return False
 
 

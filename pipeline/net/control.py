@@ -25,7 +25,7 @@ import zmq
 
 from sapiens2_client.endpoints import is_loopback
 
-from ..config import ConfigError, SourceSpec, split_source
+from ..config import ConfigError, SourceSpec, check_source_name, split_source
 from ..sources import Source, SourceError
 
 log = logging.getLogger(__name__)
@@ -94,10 +94,11 @@ class ControlServer:
                 return {"ok": False, "error": "add needs source: \"[NAME=]SPEC\""}
             try:
                 name, uri = split_source(text, "add")
-            except ConfigError as exc:
+                if name is not None:
+                    check_source_name(name, "add")
+                    self.runner.check_new_id(name)  # before a slow open; the runner checks again when it adds
+            except (ConfigError, ValueError) as exc:
                 return {"ok": False, "error": str(exc)}
-            if name is not None and name in self.runner.sources:
-                return {"ok": False, "error": f"a source named {name!r} is running already"}
             realtime, stall = message.get("realtime"), message.get("stall_timeout_s")
             if realtime is not None and not isinstance(realtime, bool):
                 return {"ok": False, "error": "realtime must be true or false"}

@@ -34,6 +34,8 @@ class PerSource:
         self.factory = factory
         self.uses_image = uses_image  # its sinks need the annotated picture (recordings, previews)
         self.sinks: dict[str, Sink] = {}
+        self.finished: list[Sink] = []  # the sinks of sources that ended or were removed, closed
+        self._close_error: Exception | None = None  # the first of those that failed to close
 
     def open(self, info: StreamInfo) -> None:
         sink = self.factory(info)
@@ -49,17 +51,20 @@ class PerSource:
             handler(record)
 
     def close_source(self, source_id: str) -> None:
-        """Finish one source's sink (the source was removed); errors are logged, not raised."""
+        """Finish one source's sink (it ended or was removed). A failure is logged and the other
+        sources run on; close() raises it at the end, so the run still exits non-zero."""
         sink = self.sinks.pop(source_id, None)
         if sink is not None:
+            self.finished.append(sink)
             try:
                 sink.close()
-            except Exception as exc:  # the others run on; the error is in the log
+            except Exception as exc:
                 log.error("closing the output of %s failed: %s", source_id, exc)
+                self._close_error = self._close_error or exc
 
     def close(self) -> None:
         """Close every source's sink; the first failure is raised after all were tried."""
-        error: Exception | None = None
+        error = self._close_error
         for sink in self.sinks.values():
             try:
                 sink.close()
