@@ -130,8 +130,8 @@ class RunConfig:
     detector: str = option("yolo", "person detector (full-frame: the whole frame is one person)",
                            choices=["yolo", "full-frame"])
     detector_model: str = option("yolo11n.pt", "YOLO weights (.pt) or architecture (.yaml, random weights)")
-    trust_detector_model: bool = option(False, "load a .pt detector that is not an official Ultralytics name "
-                                               "(a .pt is a pickle: it runs code when loaded)")
+    trust_detector_model: bool = option(False, "load a .pt detector unchecked (a .pt is a pickle that can run "
+                                               "code; without this only layers, tensors and plain values load)")
     det_conf: float = option(0.25, "detector confidence threshold, 0..1")
     det_iou: float = option(0.7, "detector NMS IoU threshold, 0..1")
     max_persons: int = option(8, "most persons per frame (highest scores)")

@@ -161,6 +161,32 @@ def test_a_pickle_is_not_loaded_unless_trusted(tmp_path: Path) -> None:
     assert marker.exists(), "the hazard is real: a trusted pickle runs its code"
 
 
+def test_an_official_name_in_the_current_folder_is_checked_too(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """yolo11n.pt in the current folder may be anybody's: it is read by the restricted unpickler first."""
+    import pickle
+
+    marker = tmp_path / "code-ran"
+    (tmp_path / "yolo11n.pt").write_bytes(pickle.dumps(_Evil(marker)))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DetectorError, match=r"yolo11n.pt is a pickle that names (io|builtins).open.*--trust-detector"):
+        PersonDetector("yolo11n.pt")
+    assert not marker.exists(), "an official name was unpickled unchecked"
+
+
+def test_a_real_ultralytics_checkpoint_loads_without_the_trust_flag(tmp_path: Path) -> None:
+    """What Ultralytics itself saves (layers, tensors, metadata) passes the restricted unpickler, and
+    the detector loaded from it works."""
+    from ultralytics import YOLO
+
+    saved = tmp_path / "mine.pt"
+    YOLO("yolo11n.yaml").save(str(saved))
+    detector = PersonDetector(str(saved))
+    assert not detector.random_weights
+    found = detector.detect(np.zeros((96, 128, 3), np.uint8))
+    assert found.boxes.shape[1:] == (4,)
+
+
 def test_bad_input(yaml_detector: PersonDetector) -> None:
     with pytest.raises(ValueError, match=r"expected \(H, W, 3\) uint8 RGB"):
         yaml_detector.detect(np.zeros((10, 10), np.uint8))
