@@ -99,8 +99,9 @@ def test_sigkill_keeps_all_but_the_last_fragment(tiny: Path, cli_env: dict[str, 
         if proc.poll() is None:
             proc.kill()
     kept = _decodable(out)
-    # A keyframe starts a fragment at least every second of media (30 frames here) or of wall time.
-    assert kept >= done - 31, f"{kept} frames decodable after SIGKILL at {done} processed"
+    # mp4: a fragment per frame; mkv: a cluster per 0.1 s of media (3 frames here), whatever the
+    # processing rate; a frame or two more may be in the encoder or the sink queue.
+    assert kept >= done - 6, f"{kept} frames decodable after SIGKILL at {done} processed"
     records = [json.loads(line) for line in kp.read_text().splitlines()]  # every line whole and parsable
     assert len(records) >= done and [r["frame"] for r in records] == list(range(len(records)))
 

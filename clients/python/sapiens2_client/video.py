@@ -8,8 +8,9 @@ frame rate:
   holds no frames back (no look-ahead, no B-frames). A SIGKILL or a full disk loses at most the
   frame being written. A fragment need not start at a keyframe to play from the start; keyframes
   come every ``fragment_s`` x 2 seconds of media, for seeking.
-* ``.mkv`` closes a Matroska cluster every ``fragment_s`` seconds of media, each block flushed as
-  written.
+* ``.mkv`` closes a Matroska cluster every 0.1 s of media (the muxer writes a cluster out only
+  when it closes, so this bounds the loss: about 3 frames at 30 fps, whatever the processing rate),
+  flushed as written; keyframes every ``fragment_s`` x 2 seconds of media, for seeking.
 
 On a clean close (end of input, SIGINT, SIGTERM) the encoder is flushed and a fragmented MP4 is
 remuxed (packets copied, nothing re-encoded) into a standard MP4 with its index at the front,
@@ -32,6 +33,8 @@ import numpy as np
 from .timing import time_base_for_fps
 
 log = logging.getLogger(__name__)
+
+MKV_CLUSTER_S = 0.1  # longest Matroska cluster: what a SIGKILL or a full disk can lose of an .mkv
 
 # Encoders tried, in order, when the requested one is missing or cannot open here.
 FALLBACKS = {
@@ -208,7 +211,7 @@ class VideoWriter:
         if suffix in FRAGMENTED:
             options["movflags"] = "frag_every_frame+empty_moov+default_base_moof"
         elif suffix == ".mkv":
-            options["cluster_time_limit"] = str(int(self.fragment_s * 1000))
+            options["cluster_time_limit"] = str(int(min(self.fragment_s, MKV_CLUSTER_S) * 1000))
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             container = av.open(str(self.path), "w", options=options)
@@ -232,7 +235,8 @@ class VideoWriter:
             raise RecorderError(f"recorder {self.path}: cannot set up {codec} ({exc})") from exc
         self._container, self._stream, self.codec, self._size = container, stream, codec, (width, height)
         log.info("recorder %s: %dx%d %s, crash-safe (%s)", self.path, out_w, out_h, codec,
-                 "a fragment per frame" if suffix in FRAGMENTED else f"a cluster every {self.fragment_s:g} s")
+                 "a fragment per frame" if suffix in FRAGMENTED else
+                 f"a cluster every {min(self.fragment_s, MKV_CLUSTER_S):g} s of media")
 
     def _options(self, codec: str) -> dict[str, str]:
         options: dict[str, str] = {}
