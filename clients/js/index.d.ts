@@ -158,12 +158,18 @@ export interface KeypointsMessage extends MessageBase {
  * float32, zeros where not valid; valid (N, K) 1/0; root (N, 3), the mean of the valid hips;
  * root_valid (N,) 1/0; metric: metric values (the model's scale branch), else canonical.
  */
-export interface Keypoints3D {
+export class Keypoints3D {
+  constructor(xyz: Float32Array, valid: Uint8Array, root: Float32Array, rootValid: Uint8Array, metric: boolean);
   xyz: Float32Array;
   valid: Uint8Array;
   root: Float32Array;
   root_valid: Uint8Array;
   metric: boolean;
+  /**
+   * Root-relative coordinates (N, K, 3), `xyz - root`, and their validity (N, K): 1 where the point
+   * and its person's root are both valid, else 0 with coordinates 0 (Python's `Keypoints3D.relative()`).
+   */
+  relative(): { xyz: Float32Array; valid: Uint8Array };
 }
 
 /** The annotated picture (a JPEG, RGB). */

@@ -11,8 +11,15 @@
 The server forwards the messages as they came (it checks their header, it never decodes or
 re-encodes an image); the page decodes them with the JavaScript client's browser build. Each
 browser gets only the newest message of each topic: a slow browser never makes the server queue
-frames for it (what it skipped is counted). Upstream topics other than ``status`` are subscribed
-only while some browser is connected, so an unwatched pipeline encodes no frames for the viewer.
+frames for it (what it skipped is counted). A browser gets the pictures (``frame``, ``seg``,
+``matte``) of the one source it shows (it says which over the WebSocket: ``{"source": "cam0"}``;
+all sources until it does), and the keypoints and status of every source (its picker and figures).
+Upstream topics other than ``status`` are subscribed only while some browser is connected (and
+``keypoints`` while a watcher such as ``view --metrics`` reads them), so an unwatched pipeline
+encodes no frames for the viewer.
+
+Frames are JPEG (PNG for seg and matte): the WebSocket does not compress them again. At shutdown
+every send is stopped and every WebSocket closed before the event loop ends.
 
 Security: loopback by default; another address is warned about, and with a token
 (``--view-token``) the page, its WebSocket and its figures need it (``?token=`` or the
@@ -22,9 +29,11 @@ Security: loopback by default; another address is warned about, and with a token
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
@@ -43,6 +52,9 @@ log = logging.getLogger(__name__)
 STATIC = {"viewer.js": "text/javascript", "viewer.css": "text/css",
           "sapiens2-client.browser.js": "text/javascript"}
 PAGE_TOPICS = ("keypoints", "frame", "seg", "matte")
+PICTURE_KINDS = frozenset({"frame", "seg", "matte"})  # sent to a browser for the source it shows only
+CLOSE_TIMEOUT_S = 2.0
+Watcher = Callable[[str, dict[str, Any]], None]  # (kind, validated header) of every accepted message
 
 
 @dataclass
@@ -56,12 +68,28 @@ class ViewerStats:
 
 
 class _Client:
-    """One browser: the newest message of each topic, waiting to be sent."""
+    """One browser: the newest message of each topic, waiting to be sent, and the source it shows."""
 
     def __init__(self, ws: web.WebSocketResponse) -> None:
         self.ws = ws
         self.slots: dict[bytes, bytes] = {}
         self.wake = asyncio.Event()
+        self.source: str | None = None  # None: pictures of every source (until the page picks one)
+        self.sender: asyncio.Task | None = None
+
+    def wants(self, kind: str, source_id: str) -> bool:
+        return kind not in PICTURE_KINDS or self.source is None or source_id == self.source
+
+    def show(self, source_id: str) -> None:
+        """From now on, pictures of ``source_id`` only; the other sources' pictures waiting go."""
+        self.source = source_id
+        for topic in [t for t in self.slots if not self.wants(*_split(t))]:
+            del self.slots[topic]
+
+
+def _split(topic: bytes) -> tuple[str, str]:
+    kind, _, source_id = topic.decode("ascii").partition(".")
+    return kind, source_id
 
 
 def pack(frames: list[bytes]) -> bytes:
@@ -112,7 +140,8 @@ class ViewServer:
         self._sock: zmq.asyncio.Socket | None = None
         self._ctx: zmq.asyncio.Context | None = None
         self._reader: asyncio.Task | None = None
-        self._subscribed = False
+        self._subscribed: set[str] = set()
+        self._watchers: list[Watcher] = []
 
     @property
     def url(self) -> str:
@@ -121,6 +150,19 @@ class ViewServer:
     def start(self) -> ViewServer:
         self._service.start()
         return self
+
+    def watch(self, watcher: Watcher) -> None:
+        """Call ``watcher(kind, header)`` (on the server's loop) for every accepted message, and
+        receive keypoints from now on even with no browser (their headers carry the stage latencies)."""
+        def add() -> None:
+            self._watchers.append(watcher)
+            self._update_subscriptions()
+
+        loop = self._service.loop
+        if loop.is_running():
+            loop.call_soon_threadsafe(add)
+        else:
+            add()
 
     def close(self) -> None:
         loop = self._service.loop
@@ -180,23 +222,35 @@ class ViewServer:
                                   "superseded": s.superseded, "clients": s.clients, "sources": sorted(s.sources)})
 
     async def _websocket(self, request: web.Request) -> web.WebSocketResponse:
-        ws = web.WebSocketResponse(heartbeat=20, max_msg_size=4096)
+        ws = web.WebSocketResponse(heartbeat=20, max_msg_size=4096, compress=False)  # JPEG: compressed already
         await ws.prepare(request)
         client = _Client(ws)
         self._clients.add(client)
         self.stats.clients = len(self._clients)
         self._update_subscriptions()
-        sender = asyncio.get_running_loop().create_task(self._send_to(client))
+        client.sender = asyncio.get_running_loop().create_task(self._send_to(client))
         try:
-            async for msg in ws:  # the page sends nothing that matters; this waits for it to go
+            async for msg in ws:  # the page says which source it shows; this also waits for it to go
                 if msg.type == WSMsgType.ERROR:
                     break
+                if msg.type == WSMsgType.TEXT:
+                    self._on_page_message(client, msg.data)
         finally:
-            sender.cancel()
+            await _stop_task(client.sender)
             self._clients.discard(client)
             self.stats.clients = len(self._clients)
             self._update_subscriptions()
         return ws
+
+    @staticmethod
+    def _on_page_message(client: _Client, text: str) -> None:
+        try:
+            message = json.loads(text)
+        except ValueError:
+            return
+        source = message.get("source") if isinstance(message, dict) else None
+        if isinstance(source, str):
+            client.show(source)
 
     async def _send_to(self, client: _Client) -> None:
         try:
@@ -212,12 +266,15 @@ class ViewServer:
 
     # -- upstream ---------------------------------------------------------------------------
     def _update_subscriptions(self) -> None:
-        want = bool(self._clients)
-        if self._sock is None or want == self._subscribed:
+        if self._sock is None:
             return
-        option = zmq.SUBSCRIBE if want else zmq.UNSUBSCRIBE
-        for topic in PAGE_TOPICS:
-            self._sock.setsockopt(option, f"{topic}.".encode())
+        want = set(PAGE_TOPICS) if self._clients else set()
+        if self._watchers:
+            want.add("keypoints")
+        for topic in want - self._subscribed:
+            self._sock.setsockopt(zmq.SUBSCRIBE, f"{topic}.".encode())
+        for topic in self._subscribed - want:
+            self._sock.setsockopt(zmq.UNSUBSCRIBE, f"{topic}.".encode())
         self._subscribed = want
 
     async def _read_upstream(self) -> None:
@@ -228,36 +285,66 @@ class ViewServer:
             except (zmq.ZMQError, asyncio.CancelledError):
                 return
             self.stats.received += 1
-            if not self._acceptable(frames):
+            header = self._header(frames)
+            if header is None:
                 self.stats.refused += 1
                 continue
             topic = bytes(frames[0])
-            self.stats.sources[topic.split(b".", 1)[1].decode()] = loop.time()
+            kind, source_id = header["kind"], header["source_id"]
+            self.stats.sources[source_id] = loop.time()
+            for watcher in self._watchers:
+                watcher(kind, header)
+            if kind not in PAGE_TOPICS and kind != "status" or not self._clients:
+                continue  # keypoints for a watcher only, after the last browser went
             data = pack(frames)
             for client in list(self._clients):
+                if not client.wants(kind, source_id):
+                    continue
                 if topic in client.slots:
                     self.stats.superseded += 1
                 client.slots[topic] = data
                 client.wake.set()
 
-    def _acceptable(self, frames: list[bytes]) -> bool:
-        """A message whose size and header follow the wire format (images are the page's to decode)."""
+    def _header(self, frames: list[bytes]) -> dict[str, Any] | None:
+        """The header of a message whose size and header follow the wire format, else None (images
+        are the page's to decode)."""
         if len(frames) < 2 or sum(len(f) for f in frames) > self.limits.max_message_bytes:
-            return False
+            return None
         try:
             header = wire.load_header(bytes(frames[1]), self.limits)
             topic = bytes(frames[0]).decode("ascii")
         except (wire.WireError, UnicodeDecodeError):
-            return False
-        return (header.get("schema") == wire.SCHEMA and header.get("version") == wire.SCHEMA_VERSION
-                and topic == f"{header.get('kind')}.{header.get('source_id')}")
+            return None
+        kind = header.get("kind")
+        if (header.get("schema") != wire.SCHEMA or header.get("version") != wire.SCHEMA_VERSION
+                or kind not in wire.KINDS or topic != f"{kind}.{header.get('source_id')}"):
+            return None
+        try:  # the fields the watchers read have their documented types
+            wire.check_source_id(header["source_id"])
+            (wire.check_status_fields if kind == "status" else wire.check_frame_fields)(header)
+        except (ValueError, wire.WireError):
+            return None
+        return header
 
     async def _shutdown(self) -> None:
-        for client in list(self._clients):
-            await client.ws.close()
-        if self._reader is not None:
-            self._reader.cancel()
+        """Stop every send, close every WebSocket (bounded), then the upstream socket."""
+        clients = list(self._clients)
+        for client in clients:
+            await _stop_task(client.sender)
+        for client in clients:
+            with contextlib.suppress(asyncio.TimeoutError, ConnectionError, RuntimeError):
+                await asyncio.wait_for(client.ws.close(), CLOSE_TIMEOUT_S)
+        await _stop_task(self._reader)
         if self._sock is not None:
             self._sock.close(linger=0)
         if self._ctx is not None:
             self._ctx.term()
+
+
+async def _stop_task(task: asyncio.Task | None) -> None:
+    """Cancel ``task`` and wait until it has ended (a task left pending is destroyed with the loop)."""
+    if task is None or task.done():
+        return
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task

@@ -18,7 +18,7 @@ import { UINT64_MAX, define, equalsInt, get, has, isInt, toPlain } from "./value
 
 export { REASONS, WireError } from "./errors.js";
 export { ImageHeaderError, jpegInfo, pngInfo } from "./images.js";
-export { IMAGE_PART, KEYPOINT3D_PARTS, KEYPOINT_PARTS, toMessage } from "./messages.js";
+export { IMAGE_PART, KEYPOINT3D_PARTS, KEYPOINT_PARTS, Keypoints3D, toMessage } from "./messages.js";
 export { RAW_DTYPES } from "./parts.js";
 export { packFrames, unpackFrames } from "./framing.js";
 

@@ -59,12 +59,44 @@ function checkParts(arrays, table, sizes) {
   }
 }
 
-/** The 3D keypoints of a message (Python's `Keypoints3D`); valid flags as 0/1 bytes. */
+/**
+ * The 3D keypoints of a message (Python's `Keypoints3D`): xyz (N, K, 3), valid (N, K) 0/1 bytes,
+ * root (N, 3), root_valid (N,), metric.
+ */
+export class Keypoints3D {
+  constructor(xyz, valid, root, rootValid, metric) {
+    this.xyz = xyz;
+    this.valid = valid;
+    this.root = root;
+    this.root_valid = rootValid;
+    this.metric = metric;
+  }
+
+  /**
+   * Root-relative coordinates (N, K, 3), `xyz - root`, and their validity (N, K): 1 where the point
+   * and its person's root are both valid, else 0 with coordinates 0 (Python's `relative()`).
+   * @returns {{xyz: Float32Array, valid: Uint8Array}}
+   */
+  relative() {
+    const n = this.root_valid.length;
+    const k = n ? this.valid.length / n : 0;
+    const xyz = new Float32Array(n * k * 3);
+    const valid = new Uint8Array(n * k);
+    for (let p = 0; p < n; p++) {
+      if (!this.root_valid[p]) continue;
+      for (let i = p * k; i < (p + 1) * k; i++) {
+        if (!this.valid[i]) continue;
+        valid[i] = 1;
+        for (let c = 0; c < 3; c++) xyz[3 * i + c] = this.xyz[3 * i + c] - this.root[3 * p + c];
+      }
+    }
+    return { xyz, valid };
+  }
+}
+
 function keypoints3d(h, a) {
-  return {
-    xyz: a.keypoints3d.data, valid: a.keypoints3d_valid.data, root: a.root3d.data,
-    root_valid: a.root3d_valid.data, metric: h.keypoints3d_metric ?? false,
-  };
+  return new Keypoints3D(a.keypoints3d.data, a.keypoints3d_valid.data, a.root3d.data, a.root3d_valid.data,
+    h.keypoints3d_metric ?? false);
 }
 
 /** The per-frame fields of a validated header (Python's `meta_from_header`). */

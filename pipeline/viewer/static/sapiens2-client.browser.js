@@ -1392,14 +1392,43 @@ function checkParts(arrays, table, sizes) {
     }
   }
 }
+var Keypoints3D = class {
+  constructor(xyz, valid, root, rootValid, metric) {
+    this.xyz = xyz;
+    this.valid = valid;
+    this.root = root;
+    this.root_valid = rootValid;
+    this.metric = metric;
+  }
+  /**
+   * Root-relative coordinates (N, K, 3), `xyz - root`, and their validity (N, K): 1 where the point
+   * and its person's root are both valid, else 0 with coordinates 0 (Python's `relative()`).
+   * @returns {{xyz: Float32Array, valid: Uint8Array}}
+   */
+  relative() {
+    const n = this.root_valid.length;
+    const k = n ? this.valid.length / n : 0;
+    const xyz = new Float32Array(n * k * 3);
+    const valid = new Uint8Array(n * k);
+    for (let p = 0; p < n; p++) {
+      if (!this.root_valid[p]) continue;
+      for (let i = p * k; i < (p + 1) * k; i++) {
+        if (!this.valid[i]) continue;
+        valid[i] = 1;
+        for (let c = 0; c < 3; c++) xyz[3 * i + c] = this.xyz[3 * i + c] - this.root[3 * p + c];
+      }
+    }
+    return { xyz, valid };
+  }
+};
 function keypoints3d(h, a) {
-  return {
-    xyz: a.keypoints3d.data,
-    valid: a.keypoints3d_valid.data,
-    root: a.root3d.data,
-    root_valid: a.root3d_valid.data,
-    metric: h.keypoints3d_metric ?? false
-  };
+  return new Keypoints3D(
+    a.keypoints3d.data,
+    a.keypoints3d_valid.data,
+    a.root3d.data,
+    a.root3d_valid.data,
+    h.keypoints3d_metric ?? false
+  );
 }
 function metaFromHeader(h) {
   return {
@@ -1760,6 +1789,7 @@ export {
   KEYPOINT3D_PARTS,
   KEYPOINT_PARTS,
   KINDS,
+  Keypoints3D,
   RAW_DTYPES,
   REASONS,
   SCHEMA,

@@ -1,11 +1,15 @@
 // The sapiens2-stream live view: wire messages over a WebSocket, decoded here with the JavaScript
 // client's browser build, drawn on a canvas. Counters are mirrored on <body data-*> for tests.
-import { WireError, decodeMessage, unpackFrames } from "./sapiens2-client.browser.js";
+import { IMAGE_PART, WireError, decodeMessage, unpackFrames } from "./sapiens2-client.browser.js";
 
 const $ = (id) => document.getElementById(id);
 const body = document.body;
 const threshold = Number(body.dataset.kptThreshold) || 0.3;
 const HISTORY = 120;
+
+const KEYPOINT_BUFFER = 150; // keypoints messages kept per source, to find the ones of the frame shown
+const OVERLAY_BUFFER = 30; // encoded seg / matte messages kept per source, likewise
+const OVERLAYS = { seg: (v) => segColor(v), matte: (v) => [0, 0, 0, Math.round((255 - v) * 0.6)] };
 
 const state = {
   meta: null,
@@ -16,12 +20,15 @@ const state = {
   messages: 0,
   refused: 0,
   pending: false,
+  ws: null,
+  arrivals: 0,
 };
 
 function source(id) {
   if (!state.sources.has(id)) {
-    state.sources.set(id, { id, frame: null, frameMeta: null, annotated: false, keypoints: new Map(), latest: null,
-                            seg: null, matte: null, status: null, history: [] });
+    state.sources.set(id, { id, frame: null, frameMeta: null, frameAge: null, frameSeq: 0, annotated: null,
+                            keypoints: new Map(), latest: null, status: null, history: [],
+                            png: { seg: new Map(), matte: new Map() }, overlay: { seg: null, matte: null } });
     const option = document.createElement("option");
     option.value = option.textContent = id;
     $("source").append(option);
@@ -30,22 +37,36 @@ function source(id) {
   return state.sources.get(id);
 }
 
+/** Show source `id`: the server then sends the pictures of this source only. */
 function select(id) {
   state.selected = id;
   $("source").value = id;
   body.dataset.source = id;
+  for (const src of state.sources.values()) {
+    if (src.id !== id && src.frame) { src.frame.close(); src.frame = null; } // its pictures stop coming
+  }
+  tellServer();
   schedule();
 }
 
+function tellServer() {
+  if (state.ws && state.ws.readyState === WebSocket.OPEN && state.selected !== null) {
+    state.ws.send(JSON.stringify({ source: state.selected }));
+  }
+}
+
+const enabledLayers = () => Object.keys(state.layers).filter((k) => state.layers[k]).join(",");
 for (const box of document.querySelectorAll("#layers input")) {
   state.layers[box.dataset.layer] = box.checked;
   box.addEventListener("change", () => {
     state.layers[box.dataset.layer] = box.checked;
-    body.dataset.layers = Object.keys(state.layers).filter((k) => state.layers[k]).join(",");
+    body.dataset.layers = enabledLayers();
+    const src = state.sources.get(state.selected);
+    if (box.dataset.layer in OVERLAYS && src) prepareOverlay(src, box.dataset.layer).then(schedule);
     schedule();
   });
 }
-body.dataset.layers = Object.keys(state.layers).filter((k) => state.layers[k]).join(",");
+body.dataset.layers = enabledLayers();
 $("source").addEventListener("change", (e) => select(e.target.value));
 $("spaceview").addEventListener("change", () => schedule());
 
@@ -57,22 +78,40 @@ async function handle(msg) {
   } else if (msg.kind === "keypoints") {
     src.keypoints.set(msg.meta.frame_index, msg);
     src.latest = msg;
-    if (src.keypoints.size > 30) src.keypoints.delete(src.keypoints.keys().next().value);
-    const age = Number(msg.publish_ns - msg.meta.capture_ns) / 1e6;
-    src.history.push(age);
+    if (src.keypoints.size > KEYPOINT_BUFFER) src.keypoints.delete(src.keypoints.keys().next().value);
+    src.history.push(age(msg));
     if (src.history.length > HISTORY) src.history.shift();
   } else if (msg.kind === "frame" && msg.image.encoding === "jpeg") {
+    const seq = ++state.arrivals;
     const bitmap = await createImageBitmap(new Blob([msg.image.bytes], { type: "image/jpeg" }));
+    if (seq < src.frameSeq || src.id !== state.selected) { bitmap.close(); return; } // a newer one is shown
+    if (!msg.annotated) await Promise.all(Object.keys(OVERLAYS).map((layer) => prepareOverlay(src, layer, msg.meta)));
+    if (seq < src.frameSeq) { bitmap.close(); return; }
     if (src.frame) src.frame.close();
+    src.frameSeq = seq;
     src.frame = bitmap;
     src.frameMeta = msg.meta;
+    src.frameAge = age(msg);
     src.annotated = msg.annotated;
-  } else if (msg.kind === "seg" && msg.classes.encoding === "png") {
-    src.seg = await overlay(msg.classes.bytes, (v) => segColor(v));
-  } else if (msg.kind === "matte" && msg.alpha.encoding === "png") {
-    src.matte = await overlay(msg.alpha.bytes, (v) => [0, 0, 0, Math.round((255 - v) * 0.6)]);
+  } else if (msg.kind in OVERLAYS && msg.arrays[IMAGE_PART[msg.kind]].encoding === "png") {
+    const pngs = src.png[msg.kind];
+    pngs.set(msg.meta.frame_index, msg.arrays[IMAGE_PART[msg.kind]].bytes);
+    if (pngs.size > OVERLAY_BUFFER) pngs.delete(pngs.keys().next().value);
+    if (src.frameMeta && src.frameMeta.frame_index === msg.meta.frame_index) await prepareOverlay(src, msg.kind);
   }
   if (src.id === state.selected) schedule();
+}
+
+const age = (msg) => Number(msg.publish_ns - msg.meta.capture_ns) / 1e6;
+
+/** Decode the `layer` overlay (seg or matte) of the frame `meta` (default: the one shown), if the
+ * layer is on, its message came and it is not decoded yet. */
+async function prepareOverlay(src, layer, meta = src.frameMeta) {
+  if (!meta || !state.layers[layer]) return;
+  const index = meta.frame_index;
+  const png = src.png[layer].get(index);
+  if (!png || (src.overlay[layer] && src.overlay[layer].index === index)) return;
+  src.overlay[layer] = { index, canvas: await overlay(png, OVERLAYS[layer]) };
 }
 
 function segColor(v) {
@@ -105,33 +144,67 @@ function schedule() {
   requestAnimationFrame(() => { state.pending = false; draw(); });
 }
 
+/** A picture with the pipeline's overlays drawn in cannot have them toggled: say so, grey the toggles. */
+function layerControls(src) {
+  const baked = Boolean(src && src.annotated);
+  for (const box of document.querySelectorAll("#layers input")) box.disabled = baked;
+  $("layers").classList.toggle("baked", baked);
+  $("bakednote").hidden = !baked;
+  $("layershint").textContent = baked ? "drawn by the pipeline into the picture" : "drawn here, from the keypoint messages";
+  body.dataset.annotated = src && src.annotated !== null ? String(baked) : "";
+}
+
 function draw() {
   const src = state.sources.get(state.selected);
-  figures(src);
-  if (!src || !src.frame) return;
+  layerControls(src);
   const canvas = $("view");
   const ctx = canvas.getContext("2d");
+  if (!src || !src.frame) {
+    $("empty").hidden = false;
+    $("empty").textContent = src ? `Waiting for the first picture of ${src.id}…` : "Waiting for the first frame… (is a pipeline publishing, with frames?)";
+    $("caption").textContent = "";
+    if (src && !src.frame) ctx.clearRect(0, 0, canvas.width, canvas.height);
+    figures(src, src && src.latest, null);
+    space(src && src.latest);
+    return;
+  }
   if (canvas.width !== src.frame.width || canvas.height !== src.frame.height) {
     canvas.width = src.frame.width;
     canvas.height = src.frame.height;
   }
   ctx.drawImage(src.frame, 0, 0);
-  if (state.layers.matte && src.matte) ctx.drawImage(src.matte, 0, 0, canvas.width, canvas.height);
-  if (state.layers.seg && src.seg) ctx.drawImage(src.seg, 0, 0, canvas.width, canvas.height);
-  const kp = src.keypoints.get(src.frameMeta.frame_index) || src.latest;
-  if (kp) persons(ctx, kp, canvas.width);
+  const index = src.frameMeta.frame_index;
+  const kp = src.keypoints.get(index) || null; // the keypoints of this very frame, or none
+  const notes = [];
+  const drawn = { links: 0, face: 0, boxes: 0 };
+  if (src.annotated) {
+    notes.push("overlays drawn by the pipeline");
+  } else {
+    for (const layer of ["matte", "seg"]) {
+      if (!state.layers[layer]) continue;
+      const o = src.overlay[layer];
+      if (o && o.index === index) ctx.drawImage(o.canvas, 0, 0, canvas.width, canvas.height);
+      else notes.push(`no ${layer === "seg" ? "segmentation" : "matte"} for this frame`);
+    }
+    if (kp) persons(ctx, kp, canvas.width, drawn);
+  }
+  if (!kp) notes.push("keypoints of this frame not received: none drawn");
+  else notes.push(`keypoints of this frame (${kp.num_persons} ${kp.num_persons === 1 ? "person" : "persons"})`);
+  body.dataset.drawnLinks = String(drawn.links);
+  body.dataset.drawnFace = String(drawn.face);
+  body.dataset.drawnBoxes = String(drawn.boxes);
+  body.dataset.keypointsFrameIndex = kp ? String(kp.meta.frame_index) : "-1";
   space(kp);
   $("empty").hidden = true;
-  $("caption").textContent = `${src.id}: frame ${src.frameMeta.frame_index}, ${src.frame.width}×${src.frame.height}`
-    + (src.annotated ? " (the pipeline drew its own overlays on this picture too)" : "");
+  $("caption").textContent = `${src.id} · frame ${index} · ${src.frame.width}×${src.frame.height} · ${notes.join(" · ")}`;
+  figures(src, kp, src.frameMeta);
   state.drawn += 1;
   body.dataset.framesDrawn = String(state.drawn);
-  body.dataset.lastFrameIndex = String(src.frameMeta.frame_index);
+  body.dataset.lastFrameIndex = String(index);
 }
 
-function persons(ctx, kp, width) {
+function persons(ctx, kp, width, drawn) {
   const [n, k] = kp.shapes.keypoints;
-  const drawn = { links: 0, face: 0, boxes: 0 };
   const xy = kp.keypoints, scores = kp.keypoint_scores, meta = state.meta;
   const line = Math.max(1, Math.round(width / 500));
   for (let p = 0; p < n; p++) {
@@ -175,9 +248,6 @@ function persons(ctx, kp, width) {
       }
     }
   }
-  body.dataset.drawnLinks = String(drawn.links);
-  body.dataset.drawnFace = String(drawn.face);
-  body.dataset.drawnBoxes = String(drawn.boxes);
 }
 
 // The 3D keypoints (the pointmap sampled at each keypoint, --keypoints3d) projected on one plane
@@ -200,7 +270,9 @@ function space(kp) {
     hi = [Math.max(hi[0], a), Math.max(hi[1], b)];
     count += 1;
   }
-  $("spaceunits").textContent = k3.metric ? "camera frame, metric" : "camera frame, canonical (no scale branch)";
+  $("spaceunits").textContent = k3.metric
+    ? "camera frame, metric (unit not named by the reference: conventionally metres, unverified)"
+    : "camera frame, canonical: scale depends on the unknown focal length";
   let drawn = 0;
   if (count) {
     const span = Math.max(hi[0] - lo[0], hi[1] - lo[1], 1e-6) * 1.15;
@@ -236,7 +308,9 @@ function badge(el, text, kind) {
   el.className = `badge ${kind}`;
 }
 
-function figures(src) {
+/** The figures of the frame `meta` (the one shown, else the latest keypoints) and its keypoints `kp`
+ * (null when they did not come), and of the source as its status says. */
+function figures(src, kp, shown) {
   body.dataset.messages = String(state.messages);
   body.dataset.refused = String(state.refused);
   if (!src) return;
@@ -247,23 +321,28 @@ function figures(src) {
   const fps = status ? status.fps : 0;
   body.dataset.fps = fps.toFixed(2);
   $("fps").textContent = status ? fps.toFixed(1) : "–";
-  const kp = src.latest;
-  const meta = kp ? kp.meta : src.frameMeta;
+  const meta = shown || (kp ? kp.meta : null);
   $("banner").hidden = !(meta && meta.random_weights);
   if (!meta) return;
+  $("framelabel").textContent = shown ? "Frame shown" : "Frame (keypoints, no picture yet)";
   $("frame").textContent = String(meta.frame_index);
   $("persons").textContent = kp ? String(kp.num_persons) : "–";
-  const age = src.history[src.history.length - 1];
-  $("age").textContent = age === undefined ? "–" : `${age.toFixed(0)} ms`;
+  const ms = kp ? age(kp) : src.frameAge;
+  $("age").textContent = ms === null || ms === undefined ? "–" : `${ms.toFixed(0)} ms`;
   const drops = (status ? status.drops : meta.drops) || {};
   $("drops").textContent = String(drops.source ?? 0);
   $("pubdrops").textContent = String(Object.entries(drops).filter(([key]) => key.startsWith("publish_"))
     .reduce((n, [, v]) => n + Number(v), 0));
   $("reopens").textContent = String(drops.reopens ?? 0);
   $("decode").textContent = String(drops.decode_errors ?? 0);
-  const rows = Object.entries(meta.latency_ms).map(([stage, ms]) =>
-    `<tr><th>${stage}</th><td>${Number(ms).toFixed(1)}</td></tr>`);
-  $("stages").innerHTML = rows.join("");
+  $("stages").replaceChildren(...Object.entries(meta.latency_ms).map(([stage, value]) => {
+    const row = document.createElement("tr"), th = document.createElement("th"), td = document.createElement("td");
+    th.textContent = stage; // a header's text, never markup
+    td.textContent = Number(value).toFixed(1);
+    row.append(th, td);
+    return row;
+  }));
+  $("stageshint").textContent = `ms, frame ${meta.frame_index}`;
   plot(src.history);
 }
 
@@ -292,7 +371,8 @@ function connect() {
   if (token) url.searchParams.set("token", token);
   const ws = new WebSocket(url);
   ws.binaryType = "arraybuffer";
-  ws.onopen = () => badge($("connection"), "connected", "ok");
+  state.ws = ws;
+  ws.onopen = () => { badge($("connection"), "connected", "ok"); tellServer(); };
   ws.onclose = () => {
     badge($("connection"), "disconnected: retrying", "bad");
     setTimeout(connect, 1000);
