@@ -110,11 +110,13 @@ def cmd_make_tiny(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from .config import load_config
-    from .preflight import preflight
+    from .preflight import preflight, unused_settings
 
     cfg = load_config(args.config, overrides_from(args))
     logging.getLogger().setLevel(cfg.log_level.upper())
     preflight(cfg)  # before torch and the pipeline are imported: bad input costs half a second, not eight
+    for note in unused_settings(cfg):
+        log.warning(note)
     from .app import run_pipeline
 
     stop = threading.Event()

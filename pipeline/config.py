@@ -213,6 +213,10 @@ class RunConfig:
         for key in ("det_conf", "det_iou", "kpt_threshold"):
             if not 0.0 <= getattr(self, key) <= 1.0:
                 raise ConfigError(f"{key}: must be within 0..1, got {getattr(self, key)}")
+        for f in dataclasses.fields(self):  # NaN passes every comparison below; Infinity is no setting
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"{f.name}: must be a finite number, got {value}")
         for key in ("stall_timeout_s", "smooth_min_cutoff", "record_fragment_s", "batch_timeout_s"):
             if not getattr(self, key) > 0:
                 raise ConfigError(f"{key}: must be positive, got {getattr(self, key)}")

@@ -8,6 +8,7 @@ command line runs it first and refuses bad input in about a second instead of af
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,8 @@ from sapiens2_client.video import FRAGMENTED
 from .config import ConfigError, RunConfig, SourceSpec
 
 RECORD_SUFFIXES = (*FRAGMENTED, ".mkv")
+# what Ultralytics loads as a detector (weights, its exports, or an architecture with random weights)
+DETECTOR_SUFFIXES = (".pt", ".yaml", ".yml", ".onnx", ".torchscript", ".engine", ".mlpackage", ".tflite")
 
 
 def _writable_target(path: Path) -> Path | None:
@@ -73,8 +76,18 @@ def preflight(cfg: RunConfig, specs: list[SourceSpec] | None = None) -> None:
                 LineWriter(expand(cfg.save_keypoints, sid)).check()
             except JsonlError as exc:
                 raise ConfigError(str(exc)) from None
-    if "matting" in cfg.tasks:
-        matte_background(cfg.matte_background)
+    matte_background(cfg.matte_background)  # checked even when unused: a typo is a typo
+    for key in ("view", "metrics"):
+        if getattr(cfg, key):
+            host, _, port = getattr(cfg, key).rpartition(":")
+            check_port_free(host, int(port), key)
+    if cfg.control and cfg.control.startswith("tcp://"):
+        host, _, port = cfg.control.removeprefix("tcp://").rpartition(":")
+        if port.isdigit():
+            check_port_free(host, int(port), "control")
+    if cfg.detector == "yolo" and Path(cfg.detector_model).suffix.lower() not in DETECTOR_SUFFIXES:
+        raise ConfigError(f"detector_model: {cfg.detector_model!r} is not a model Ultralytics loads; use a "
+                          f"{', '.join(DETECTOR_SUFFIXES)} file")
     if cfg.detector == "yolo" and "pose" in cfg.tasks and cfg.detector_model != RunConfig.detector_model:
         from stages.detector import DetectorError, check_detector_model  # torch: only for a model of one's own
 
@@ -85,6 +98,36 @@ def preflight(cfg: RunConfig, specs: list[SourceSpec] | None = None) -> None:
     if cfg.curve_dir and not Path(cfg.curve_dir).is_dir():
         raise ConfigError(f"curve_dir: {cfg.curve_dir!r} is not a folder; create keys with "
                           f"`sapiens2-stream keys {cfg.curve_dir}`")
+
+
+def unused_settings(cfg: RunConfig) -> list[str]:
+    """One line for each setting given that this run will not use (warnings, not errors)."""
+    notes = []
+    if cfg.detector_model != RunConfig.detector_model and cfg.detector != "yolo":
+        notes.append(f"--detector-model is not used with --detector {cfg.detector}")
+    if cfg.matte_background != RunConfig.matte_background and "matting" not in cfg.tasks:
+        notes.append("--matte-background is not used without the matting task (--tasks ... matting)")
+    if cfg.curve_client != RunConfig.curve_client and not (cfg.publish_connect and cfg.curve_dir):
+        notes.append("--curve-client is used only with --publish-connect and --curve-dir")
+    return notes
+
+
+def check_port_free(host: str, port: int, what: str) -> None:
+    """ConfigError when HOST:PORT cannot be bound now (taken, or not an address of this machine), so
+    a server that starts after the models loaded does not fail then. Port 0 (any free one) passes."""
+    if port == 0:
+        return
+    host = host.strip("[]")
+    if host in ("*", ""):
+        host = "0.0.0.0"
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers bind: TIME_WAIT is no conflict
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise ConfigError(f"{what}: cannot bind {host}:{port} ({exc.strerror or exc}); choose another port") \
+                from None
 
 
 def matte_background(spec: str) -> tuple[int, int, int] | np.ndarray:

@@ -203,6 +203,9 @@ BAD_INPUT = [
     (["--tasks", "seg", "--keypoints3d"], ["--keypoints3d", "pose"]),
     (["--keypoints3d", "--keypoints3d-window", "4"], ["--keypoints3d-window", "odd"]),
     (["--keypoints3d", "--pointmap-every", "0"], ["--pointmap-every", "at least 1"]),
+    (["--smooth", "--smooth-beta", "nan"], ["--smooth-beta", "finite"]),
+    (["--matte-background", "missing.jpg"], ["matte_background", "missing.jpg"]),  # checked without matting too
+    (["--detector", "yolo", "--detector-model", "person.pth"], ["person.pth", "Ultralytics"]),
 ]
 
 
@@ -218,6 +221,28 @@ def test_bad_input_is_one_line_before_any_model(cli_env: dict[str, str], tmp_pat
     ran = run_cli(["--source", clip, *base, *args], cli_env, tmp_path)
     assert_one_clear_error(ran, *needles)
     assert "loaded " not in ran.stderr
+
+
+@pytest.mark.parametrize("flag", ["--view", "--metrics", "--control"])
+def test_a_taken_port_is_refused_before_any_model(cli_env: dict[str, str], tmp_path: Path, clip: Path,
+                                                  flag: str) -> None:
+    """The web view, metrics and control servers start after the models load: their ports are
+    checked before, so a taken one costs a second, not a model load."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+        value = f"tcp://{address}" if flag == "--control" else address
+        ran = run_cli(["--source", clip, *TINY_POSE, flag, value], cli_env, tmp_path)
+    assert_one_clear_error(ran, "cannot bind", address)
+    assert "loaded " not in ran.stderr
+
+
+def test_a_setting_this_run_does_not_use_is_named(cli_env: dict[str, str], tmp_path: Path, clip: Path) -> None:
+    ran = run_cli(["--source", clip, *TINY_POSE, "--detector-model", "yolo11n.yaml", "--max-frames", "1"], cli_env,
+                  tmp_path)
+    assert ran.rc == 0, ran.stderr
+    assert "--detector-model is not used with --detector full-frame" in ran.stderr
 
 
 def test_a_bad_flag_is_blamed_on_the_flag_not_on_the_config_file(cli_env: dict[str, str], tmp_path: Path,
