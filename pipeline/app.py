@@ -247,6 +247,8 @@ def run_pipeline(cfg: RunConfig, stop: threading.Event | None = None) -> int:
             sink.close()
         _close_all(services)
         raise
+    if metrics is not None:
+        metrics.loop_started()
     try:
         stats = runner.run()
     finally:

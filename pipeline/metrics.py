@@ -14,9 +14,10 @@ Served with the official ``prometheus_client`` (its text format, its own registr
     sapiens2_gpu_memory_bytes{device}                 allocated by torch (CUDA only)
     sapiens2_model_info{tasks, model_size, dtype, device, random_weights, version}
 
-``/healthz`` answers 200 while the pipeline loop runs (it saw a frame or an idle poll within the
-last 10 s), ``/readyz`` 200 once the models are loaded and at least one source delivers, 503 otherwise.
-``MetricsSink`` is the sink that feeds them.
+``/healthz`` answers 200 while the process starts (weights download, model load, compile: it is
+alive, not stuck in a loop that stopped) and then while the pipeline loop runs (it saw a frame or
+an idle poll within the last 10 s); ``/readyz`` 200 once the models are loaded and at least one
+source delivers, 503 otherwise. ``MetricsSink`` is the sink that feeds them.
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ class PipelineMetrics:
         self.model = Info("sapiens2_model", "what runs: tasks, model size, precision, device", registry=r)
         self.ready = False  # models loaded
         self.heartbeat = 0.0  # monotonic time the loop last said it runs
+        self.running = False  # the pipeline loop started (before: starting up, alive)
         self._seen: dict[tuple[str, str], int] = {}  # (metric, source) -> last cumulative value
         self._publisher: Any = None
         self._device: Any = None
@@ -83,6 +85,11 @@ class PipelineMetrics:
 
     def beat(self) -> None:
         self.heartbeat = time.monotonic()
+
+    def loop_started(self) -> None:
+        """From now on /healthz follows the loop's heartbeat."""
+        self.beat()
+        self.running = True
 
     def _advance(self, counter: Counter, name: str, source: str, value: int) -> None:
         """A cumulative count (from a source) as a counter: add what it grew since the last look."""
@@ -130,6 +137,8 @@ class PipelineMetrics:
         return web.Response(body=generate_latest(self.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def _healthz(self, request: web.Request) -> web.Response:
+        if not self.running:
+            return web.Response(status=200, text="starting\n")
         alive = time.monotonic() - self.heartbeat < HEARTBEAT_S
         return web.Response(status=200 if alive else 503, text="ok\n" if alive else "the pipeline loop stopped\n")
 

@@ -503,7 +503,28 @@ def test_metrics_grow_and_health_says_ready(tiny: Path, cli_env: dict[str, str],
         assert second["sapiens2_source_up"][(("source", "hall"),)] == 1
         info = next(labels for labels in second["sapiens2_model_info"])
         assert ("random_weights", "true") in info and ("tasks", "pose") in info
+        assert ("dtype", "float32") in info, info  # what the stages compute in, not the setting ("auto")
         assert "sapiens2_subscribers" in second and "sapiens2_frames_dropped_total" in second
         assert _get(f"http://{listen}/healthz")[0] == 200
     finally:
         _stop(pipeline)
+
+
+def test_healthz_says_alive_while_the_process_starts() -> None:
+    """Weights download, model load and compile take longer than the loop's 10 s heartbeat: a liveness
+    probe must not see 503 then (it would kill the process it waits for); after the loop started,
+    a loop that stopped beating is 503."""
+    from pipeline.metrics import HEARTBEAT_S, PipelineMetrics
+
+    metrics = PipelineMetrics()
+    service = metrics.serve("127.0.0.1:0")
+    try:
+        url = f"{service.url}/healthz"
+        metrics.heartbeat = time.monotonic() - 10 * HEARTBEAT_S  # a long start: no beat for a while
+        assert _get(url) == (200, "starting\n")
+        metrics.loop_started()
+        assert _get(url)[0] == 200
+        metrics.heartbeat = time.monotonic() - 2 * HEARTBEAT_S  # the loop stopped beating
+        assert _get(url)[0] == 503
+    finally:
+        service.stop()
