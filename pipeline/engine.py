@@ -210,10 +210,12 @@ class FrameEngine:
                 due = [w for w in pending.frames if w.pointmap_due]
             else:
                 due = self._pointmap_due(pending.frames)
-            clock = pending.clock
-            clock.start(task, self.lanes.get(stream_name))
-            per_frame, checked = est.run_batch([w.image for w in due]) if due else ([], [])
-            clock.stop(task, self.lanes.get(stream_name))
+            per_frame, checked = [], []
+            if due:  # a step that reuses every pointmap reports no pointmap time (the stage did not run)
+                clock = pending.clock
+                clock.start(task, self.lanes.get(stream_name))
+                per_frame, checked = est.run_batch([w.image for w in due])
+                clock.stop(task, self.lanes.get(stream_name))
             if checked:
                 self.lanes.download(pending, pending.outputs, f"{task}.finite", all_finite(checked), stream_name)
             for work, outputs in zip(due, per_frame):

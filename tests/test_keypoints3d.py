@@ -256,6 +256,8 @@ def test_pointmap_every_n_reuses_the_last_map_at_the_new_keypoints(models: dict)
         got = results[i].keypoints3d.xyz
         assert np.abs(got - _bilinear(results[i].pointmap, results[i].keypoints.xy)).max() < 1e-4
     assert new_session.keypoints3d is not None
+    # only the frames that ran the forward report its time ("only the stages that ran", WIRE.md)
+    assert ["pointmap" in r.latency_ms for r in results] == [True, False, False, True, False]
 
 
 def test_smoothing_applies_to_3d_as_to_2d(models: dict) -> None:
