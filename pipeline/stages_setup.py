@@ -91,12 +91,16 @@ def checkpoint_sources(cfg: RunConfig) -> dict[str, Path]:
     return found
 
 
-def _input_size(task: str, cfg: RunConfig, model) -> tuple[int, int]:
+def _input_size(task: str, cfg: RunConfig, model, notes: list[str]) -> tuple[int, int]:
     wanted = tuple(cfg.pose_input if task == "pose" else cfg.dense_input)
     if getattr(model, "random_weights", False) and wanted == (1024, 768):
         return tuple(model.cfg.image_size)  # tiny checkpoints were built for their own small size
     if task == "pointmap" and model.cfg.head.has_scale:
-        return tuple(model.cfg.image_size)
+        fixed = tuple(model.cfg.image_size)
+        if wanted != fixed and wanted != (1024, 768):  # the user asked for another size: say why not
+            notes.append(f"pointmap: --dense-input {wanted[0]}x{wanted[1]} does not apply: its scale branch fixes "
+                         f"the input at {fixed[0]}x{fixed[1]}")
+        return fixed
     return wanted
 
 
@@ -116,7 +120,7 @@ def build_stages(cfg: RunConfig, device: torch.device | None = None) -> Stages:
     for task, path in sources.items():
         model = load_model(path, device=device, dtype=cfg.dtype, fuse_qkv=cfg.fuse_qkv)
         kwargs = {"flip_test": cfg.flip_test, "buckets": cfg.pose_buckets} if task == "pose" else {}
-        estimators[task] = ESTIMATORS[task](model, input_size=_input_size(task, cfg, model), fastpath=fastpath,
+        estimators[task] = ESTIMATORS[task](model, input_size=_input_size(task, cfg, model, notes), fastpath=fastpath,
                                             **kwargs)
     random = any(e.random_weights for e in estimators.values()) or detector.random_weights
     background = list(load_metadata().seg_class_names).index("Background")

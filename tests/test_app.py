@@ -33,3 +33,20 @@ def test_matte_background_image_and_errors(tmp_path: Path) -> None:
         matte_background(str(tmp_path / "missing.png"))
     with pytest.raises(ConfigError, match="0..255"):
         matte_background("300,0,0")
+
+
+def test_a_dense_input_the_pointmap_cannot_take_is_said_once() -> None:
+    """The pointmap model's scale branch fixes its input size: a --dense-input for it is named as not
+    applying (it was ignored without a word), and the size the model needs is used."""
+    from types import SimpleNamespace
+
+    from pipeline.config import RunConfig
+    from pipeline.stages_setup import _input_size
+
+    model = SimpleNamespace(random_weights=False, cfg=SimpleNamespace(image_size=[128, 96],
+                                                                      head=SimpleNamespace(has_scale=True)))
+    notes: list[str] = []
+    assert _input_size("pointmap", RunConfig(dense_input=[256, 192]), model, notes) == (128, 96)
+    assert notes == ["pointmap: --dense-input 256x192 does not apply: its scale branch fixes the input at 128x96"]
+    notes.clear()
+    assert _input_size("seg", RunConfig(dense_input=[256, 192]), model, notes) == (256, 192) and notes == []
