@@ -6,8 +6,11 @@ small remap (see ``weights.remap``). No I/O here.
 
 Precision: ``Sapiens2.set_precision(torch.float16)`` keeps the residual stream, every RMSNorm, the
 attention softmax (inside SDPA) and the instance norms in float32 while the matmuls run in half
-precision, so activations beyond the fp16 range never overflow. In bfloat16 and float32 the
-residual stream stays in the weights' dtype.
+precision, so the residual stream cannot overflow. The matmul outputs themselves (``silu(gate) *
+up``, ``w3``, ``proj``) are float16 and can exceed its range where a ViT has "massive activations":
+the engine checks every output on the device and a stage that overflows falls back to bfloat16,
+once, with a warning (pipeline.engine). In bfloat16 and float32 the residual stream stays in the
+weights' dtype.
 """
 
 from __future__ import annotations
