@@ -144,6 +144,20 @@ def test_corrupt_file(tiny: Path, cli_env: dict[str, str], tmp_path: Path) -> No
     assert not out_mp4.exists()
 
 
+def test_a_matroska_file_cut_short_is_an_error_and_a_whole_one_is_not(tiny: Path, cli_env: dict[str, str],
+                                                                      tmp_path: Path) -> None:
+    """Matroska states no frame count, only a duration: a file whose video ends well before it (a
+    cut download) is an error naming both, not a run that exits 0 with a third of the frames."""
+    whole = make_video(tmp_path / "whole.mkv", n=40, fps=10)
+    cut = tmp_path / "cut.mkv"
+    cut.write_bytes(whole.read_bytes()[: whole.stat().st_size // 3])
+    kp = tmp_path / "whole.jsonl"
+    ran = run_cli(["--source", whole, "--tasks", "pose", *OFFLINE, "--save-keypoints", kp], cli_env, tmp_path)
+    assert ran.rc == 0 and len(read_jsonl(kp)) == 40, ran.stderr
+    ran = run_cli(["--source", cut, "--tasks", "pose", *OFFLINE], cli_env, tmp_path)
+    assert_one_clear_error(ran, "cut.mkv", "of the 4.0 s it declares", "truncated")
+
+
 @pytest.mark.parametrize("faststart", [False, True], ids=["index-at-end", "faststart"])
 def test_truncated_file(tiny: Path, cli_env: dict[str, str], tmp_path: Path, faststart: bool) -> None:
     """Cut in half: either a clear error, or exit 0 with fewer frames; a recording, if any, plays.

@@ -104,8 +104,10 @@ class PyAVReader:
         rate = stream.average_rate or stream.guessed_rate
         self.fps: float | None = float(rate) if rate else None
         self.frame_count: int | None = int(stream.frames) or None
+        self.duration_s = self._declared_duration()
         self.decode_errors = 0
         self._decoded = 0
+        self._last_pts: int | None = None
         self._packets = self._container.demux(stream)
         self._ready: list[av.VideoFrame] = []
 
@@ -119,16 +121,43 @@ class PyAVReader:
                     f"{self.label}: ended after {self._decoded} of {expected} frames; the file is "
                     "truncated or corrupt — re-export or re-download it"
                 )
+            if self._check_length and not expected:
+                self._check_duration()
             if self.decode_errors:
                 log.warning("%s: %d packet(s) did not decode and were skipped (%d frames delivered)", self.label,
                             self.decode_errors, self._decoded)
             return None
         self._decoded += 1
+        if frame.pts is not None:
+            self._last_pts = frame.pts if self._last_pts is None else max(self._last_pts, frame.pts)
         image = frame.to_ndarray(format="rgb24")
         turns = round((frame.rotation or 0) / 90) % 4  # counter-clockwise quarter turns for display
         if turns:
             image = np.ascontiguousarray(np.rot90(image, turns))
         return RawFrame(image, frame.pts, frame.time_base or self.time_base)
+
+    def _declared_duration(self) -> float | None:
+        """Seconds of video the file says it holds: the stream's own duration, or the container's
+        when the video is its only stream (with audio, the container's may be the audio's)."""
+        stream = self._stream
+        if stream.duration and stream.time_base:
+            return float(stream.duration * stream.time_base)
+        if self._container.duration and len(self._container.streams) == 1:
+            return self._container.duration / 1_000_000  # AV_TIME_BASE
+        return None
+
+    def _check_duration(self) -> None:
+        """For files that state no frame count (Matroska, WebM, MPEG-TS): SourceError when the video
+        decoded ends well before the duration the file declares (cut short, or unreadable after damage)."""
+        if not self.duration_s or self._last_pts is None or not self.time_base or not self.fps:
+            return
+        start = self._stream.start_time or 0
+        reached = float((self._last_pts - start) * self.time_base) + 1.0 / self.fps
+        slack = max(1.0, 0.05 * self.duration_s) + 2 * self.decode_errors / self.fps
+        if self.duration_s - reached > slack:
+            raise SourceError(f"{self.label}: ended after {self._decoded} frames, {reached:.1f} s of the "
+                              f"{self.duration_s:.1f} s it declares; the file is truncated or corrupt — re-export "
+                              "or re-download it")
 
     def _next_frame(self) -> av.VideoFrame | None:
         """The next decoded frame, skipping packets that do not decode; None at the end."""
