@@ -176,6 +176,13 @@ def test_the_pose_benchmark_runs_both_paths(tmp_path: Path) -> None:
     assert row["persons"] == 1 and row["ours p50 ms"] > 0 and row["reference p50 ms"] > 0
 
 
+@pytest.mark.timeout(300)
+def test_the_publish_benchmark_times_no_reading_and_stopped_subscribers(tmp_path: Path) -> None:
+    out = _script(tmp_path, "bench_publish", "--iters", "5", "--warmup", "2", timeout=280)
+    assert [r["case"].split(" ")[0] for r in out["rows"]] == ["no", "one", "the"]
+    assert all(r["p50 ms"] > 0 for r in out["rows"]) and out["stopped_dropped"] >= 0
+
+
 @pytest.mark.timeout(120)
 def test_the_watchdog_ends_a_hung_phase_and_the_next_phases_run(tmp_path: Path) -> None:
     """_hang sleeps past its 2 s limit (faulthandler's exit ends it); _wedge disarms that timer
