@@ -8,6 +8,7 @@ command line runs it first and refuses bad input in about a second instead of af
 from __future__ import annotations
 
 import os
+import re
 import socket
 from pathlib import Path
 
@@ -61,6 +62,12 @@ def preflight(cfg: RunConfig, specs: list[SourceSpec] | None = None) -> None:
     specs = specs if specs is not None else cfg.source_specs()
     several = len(specs) > 1 or cfg.control is not None
     ids = [s.id or "src" for s in specs]
+    for key in ("record", "save_keypoints"):
+        path = getattr(cfg, key)
+        unknown = [p for p in re.findall(r"\{[^{}]*\}", path or "") if p != "{source}"]
+        if unknown:
+            raise ConfigError(f"{key}: {unknown[0]} in {path!r} is not a placeholder; the only one is {{source}} "
+                              "(each source's id)")
     if cfg.record:
         if several and "{source}" not in cfg.record:
             record = Path(cfg.record)

@@ -90,6 +90,7 @@ def test_a_bad_source_is_reported_and_the_others_finish(tiny: Path, cli_env: dic
         (["--source", "cam1=demo", "--source", "demo"], ["both named 'cam1'", "unnamed sources are cam0, cam1"]),
         (["--source", "=demo"], ["name is empty"]),
         (["--source", "demo", "--source", "demo", "--record", "out.mp4"], ["{source}"]),
+        (["--source", "demo", "--source", "demo", "--record", "out/{sourc}.mp4"], ["{sourc}", "not a placeholder"]),
         (["--source", "demo", "--source", "demo", "--source-id", "one"], ["--source-id", "NAME=SPEC"]),
     ],
 )

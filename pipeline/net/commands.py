@@ -140,6 +140,8 @@ def cmd_control(args: argparse.Namespace) -> int:
     if args.action == "list":
         for source in reply["sources"]:
             print(json.dumps(source))
+        if not reply["sources"]:
+            print("no sources are running (add one with `control add [NAME=]SPEC`)", file=sys.stderr)
     else:
         print(json.dumps(reply))
     return 0
