@@ -343,3 +343,209 @@ def test_json_header_and_msgpack_header_rogue_fields_never_print_nan() -> None:
         ctx.term()
     assert proc.returncode == 0, err
     assert "NaN" not in out and all(json.loads(line) for line in out.splitlines())
+
+
+# -- hostile values the format has room for, bad flags, honest counts ----------------------------
+def _status(**fields) -> list[bytes]:
+    return wire.encode("status", "cam0", {"fps": 1.0, "health": "ok", "frames": 1, "last_frame_index": 0,
+                                          "drops": {}, **fields}, publish_ns=1)
+
+
+def _with_header(frames: list[bytes], json_header: bool = False, **fields) -> list[bytes]:
+    header = {**wire.load_header(frames[1]), **fields}
+    return [frames[0], json.dumps(header).encode() if json_header else msgpack.packb(header, use_bin_type=True)]
+
+
+@pytest.mark.parametrize("mode", [["--json"], [], ["--save-keypoints", "{tmp}/out.jsonl"]])
+def test_status_events_holding_bytes_and_lone_surrogates_never_crash_the_cli(tmp_path: Path, mode: list) -> None:
+    ctx, sock, endpoint = _rogue()
+    good = _status(event={"event": "resumed", "time_ns": 5, "session": 1, "outage_s": 0.5, "first_frame": 3})
+    hostile = [_with_header(good, event={"event": "stalled", "time_ns": b"\x01"}),
+               _with_header(good, event={"event": "stalled", "detail": [1, b"\x00\xff"]}),
+               _with_header(good, event={"event": b"stalled"}),
+               _with_header(good, event={"event": "stalled", "detail": msgpack.ExtType(1, b"")}),
+               _with_header(good, True, health="\ud800"),
+               _with_header(good, True, event={"event": "stalled", "reason": "\udfff"})]
+    args = [str(a).format(tmp=tmp_path) for a in mode]
+    proc = _start(["subscribe", "--endpoint", endpoint, "--topic", "status", *args, "--count", "3", "--timeout", "30"])
+    try:
+        if "--save-keypoints" in mode:
+            time.sleep(1.0)  # nothing is printed to wait for: give the slow joiner a moment, then repeat below
+        else:
+            _until_joined(sock, proc, good)
+        for _ in range(20 if "--save-keypoints" in mode else 1):  # with nothing printed, repeat for a slow join
+            for frames in hostile:
+                sock.send_multipart(frames)
+            sock.send_multipart(good)
+            time.sleep(0.05)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        sock.close()
+        ctx.term()
+    assert proc.returncode == 0 and "Traceback" not in err, err
+    if "--json" in mode:
+        assert all(json.loads(line)["event"]["event"] == "resumed" for line in out.splitlines())
+    if "--save-keypoints" in mode:
+        lines = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+        assert len(lines) == 3 and all(line["event"] == "resumed" for line in lines)
+    assert "skipped" in err  # refused, counted, reported
+
+
+def _unwritable_folder(tmp_path: Path) -> Path:
+    """A folder this user cannot create files in (root ignores mode bits: then sysfs, which refuses root)."""
+    import os
+    import tempfile
+
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    folder.chmod(0o555)
+    for candidate in (folder, Path("/sys")):
+        try:
+            fd, probe = tempfile.mkstemp(dir=candidate)
+        except OSError:
+            return candidate
+        os.close(fd)
+        os.unlink(probe)
+    pytest.skip("no folder on this machine refuses new files to this user")
+
+
+@pytest.mark.parametrize("args, match", [
+    (["--record", "{tmp}/x.avi"], ".avi"),
+    (["--record", "{ro}/x.mp4"], "not writable"),
+    (["--record", "{ro}/missing/x.mkv"], "not writable"),
+    (["--save-keypoints", "{ro}/x.jsonl"], "not writable"),
+    (["--save-keypoints", "{ro}/missing/x.jsonl"], "not writable"),
+    (["--save-keypoints", "{tmp}/file.txt/x.jsonl"], "not a folder"),
+    (["--endpoint", "tcp://127.0.0.1:99999"], "out of range"),
+    (["--endpoint", "127.0.0.1:5699"], "did you mean tcp://127.0.0.1:5699"),
+    (["--max-message-mb", "1e13"], "4096"),
+    (["--max-message-mb", "1e-7"], "0.01"),
+])
+def test_subscribe_refuses_bad_flags_up_front_in_one_line(tmp_path: Path, args: list, match: str) -> None:
+    ro = _unwritable_folder(tmp_path) if any("{ro}" in a for a in args) else tmp_path
+    (tmp_path / "file.txt").write_text("x")
+    before = sorted(p.name for p in ro.iterdir()) if ro.is_dir() else None
+    proc = _start(["subscribe", *(a.format(tmp=tmp_path, ro=ro) for a in args), "--timeout", "3"])
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode not in (0, 3), err  # 3: it connected and waited
+    assert "waiting for messages" not in err and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("error: ") and match in err, err
+    assert (sorted(p.name for p in ro.iterdir()) if ro.is_dir() else None) == before  # nothing left behind
+    assert not (tmp_path / "x.avi").exists()
+
+
+def test_subscribe_accepts_an_output_folder_it_will_create(tmp_path: Path) -> None:
+    proc = _start(["subscribe", "--endpoint", f"tcp://127.0.0.1:{_free_port()}", "--save-keypoints",
+                   tmp_path / "new" / "deeper" / "out.jsonl", "--timeout", "1"])
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 3 and "nothing received" in err, err  # accepted; created only by a first line
+    assert not (tmp_path / "new").exists()
+
+
+def test_timeout_after_only_refused_messages_says_what_arrived(tmp_path: Path) -> None:
+    ctx, sock, endpoint = _rogue()
+    other_version = _with_header(GOOD_STATUS, version=41)
+    proc = _start(["subscribe", "--endpoint", endpoint, "--topic", "status", "--timeout", "2"])
+    try:
+        deadline = time.monotonic() + 60
+        while proc.poll() is None and time.monotonic() < deadline:
+            sock.send_multipart(other_version)
+            time.sleep(0.02)  # pacing, not a wait for a result
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        sock.close()
+        ctx.term()
+    last = err.strip().splitlines()[-1]
+    assert proc.returncode == 3, err
+    assert "arrived" in last and "version" in last and "another schema version" in last, last
+    assert "no pipeline publishes there" not in last
+
+
+def _keypoints(index: int) -> list[bytes]:
+    parts = [wire.Part("keypoints", np.zeros((0, 0, 2), np.float32)),
+             wire.Part("keypoint_scores", np.zeros((0, 0), np.float32)),
+             wire.Part("boxes", np.zeros((0, 4), np.float32)), wire.Part("box_scores", np.zeros(0, np.float32)),
+             wire.Part("track_ids", np.zeros(0, np.int64))]
+    meta = wire.FrameMeta("cam0", index, capture_ns=1)
+    return wire.encode("keypoints", "cam0", wire.meta_fields(meta), parts, publish_ns=1)
+
+
+def test_missed_counts_real_gaps_not_a_hostile_frame_index() -> None:
+    ctx, sock, endpoint = _rogue()
+    proc = _start(["subscribe", "--endpoint", endpoint, "--topic", "", "--timeout", "2"])
+    try:
+        _until_joined(sock, proc, GOOD_STATUS)
+        for index in [0, 2**63 - 1, 0, 2**63 - 1, 0, 2**20 + 10, 0, 1, 2, 5]:  # restarts, then 3 and 4 missed
+            sock.send_multipart(_keypoints(index))
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        sock.close()
+        ctx.term()
+    assert proc.returncode == 0, err
+    assert [line.split()[1] for line in out.splitlines() if line.startswith("keypoints")][-3:] == ["#1", "#2", "#5"]
+    assert "missed 2," in err or err.rstrip().endswith("missed 2"), err
+
+
+# -- the broker's endpoints and its warnings ------------------------------------------------------
+@pytest.mark.parametrize("args, match", [
+    (["--xsub", "tcp://127.0.0.1:99999"], "out of range"),
+    (["--xsub", "127.0.0.1:5642"], "did you mean tcp://127.0.0.1:5642"),
+    (["--xpub", "tcp://127.0.0.1"], "tcp://HOST:PORT"),
+])
+def test_broker_refuses_a_bad_endpoint_in_one_line(args: list, match: str) -> None:
+    proc = _start(["broker", *args])
+    try:
+        out, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"the broker ran with {args}: {out.strip()}")
+    assert proc.returncode == 1 and err.startswith("error: ") and match in err, err
+    assert len(err.strip().splitlines()) == 1, err
+
+
+def _stop(proc: subprocess.Popen) -> str:
+    proc.send_signal(2)
+    try:
+        return proc.communicate(timeout=30)[1]
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.communicate()[1]
+
+
+@pytest.mark.parametrize("curve", [False, True])
+def test_broker_warns_when_bound_beyond_loopback_without_curve(tmp_path: Path, curve: bool) -> None:
+    keys = tmp_path / "keys"
+    if curve:
+        assert subprocess.run([*CLI, "keys", keys], capture_output=True, timeout=60).returncode == 0
+    broker, xsub, _ = _broker(["--xsub", "tcp://0.0.0.0:0", "--xpub", "tcp://127.0.0.1:0",
+                               *(["--curve-dir", keys] if curve else [])])
+    err = _stop(broker)
+    warned = [line for line in err.splitlines() if line.startswith("WARNING") and "without CURVE" in line]
+    if curve:
+        assert not warned, err
+    else:
+        assert len(warned) == 1 and xsub in warned[0], err
+
+
+def test_broker_logs_a_refused_curve_client_as_a_warning(tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    ran = subprocess.run([*CLI, "keys", keys, "--client", "mallory"], capture_output=True, text=True, timeout=60)
+    assert ran.returncode == 0, ran.stderr
+    (keys / "authorized" / "mallory.key").unlink()  # the right server key, but not authorised
+    broker, _, xpub = _broker(["--xsub", "tcp://127.0.0.1:0", "--xpub", "tcp://127.0.0.1:0", "--curve-dir", keys])
+    try:
+        sub = _start(["subscribe", "--endpoint", xpub, "--keys", keys, "--client-name", "mallory", "--timeout", "2"])
+        _, sub_err = sub.communicate(timeout=60)
+    finally:
+        err = _stop(broker)
+    assert sub.returncode == 3 and "refused" in sub_err.strip().splitlines()[-1], sub_err
+    public = (keys / "clients" / "mallory.key").read_text().split('public-key = "')[1].split('"')[0]
+    warned = [line for line in err.splitlines() if line.startswith("WARNING") and "refused" in line]
+    assert warned and public in warned[0], err

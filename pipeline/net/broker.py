@@ -4,6 +4,11 @@ Pipelines connect their publisher (``--publish-connect``, ``ZmqPublisher(..., co
 subscribers connect to the XPUB side as if it were a single publisher. Subscriptions travel
 upstream through the proxy, so publishers still encode only what somebody reads. Source ids
 in topics and headers keep the streams apart.
+
+Endpoints are checked before any socket sees them (a port out of range or a missing ``tcp://`` is
+one BrokerError, never a random port or "Invalid argument"); binding a non-loopback address
+without CURVE logs a warning; with CURVE, a client whose key is not authorised is refused and
+logged as a warning (a ZAP callback that re-reads ``authorized/``, so added clients need no restart).
 """
 
 from __future__ import annotations
@@ -14,15 +19,15 @@ import threading
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
 
-from sapiens2_client.keys import CurveServerKeys
+from sapiens2_client.endpoints import check_endpoint, is_loopback
+from sapiens2_client.keys import CurveKeyring, CurveServerKeys
 from sapiens2_client.wire import BROKER_XPUB, BROKER_XSUB
 
 log = logging.getLogger(__name__)
 
 
-
 class BrokerError(RuntimeError):
-    """The broker could not bind its endpoints."""
+    """The broker could not bind its endpoints (malformed, or taken)."""
 
 
 class Broker:
@@ -41,6 +46,11 @@ class Broker:
         linger_ms: int = 200,
         curve: CurveServerKeys | None = None,
     ) -> None:
+        for flag, endpoint in (("--xsub", xsub), ("--xpub", xpub)):
+            try:
+                check_endpoint(endpoint, bind=True)
+            except ValueError as e:
+                raise BrokerError(f"broker {flag}: {e}") from None
         self._ctx = zmq.Context()
         self._auth: ThreadAuthenticator | None = None
         self._linger_ms = linger_ms
@@ -57,7 +67,8 @@ class Broker:
         if curve is not None:  # the CURVE server on both sides: publishers and subscribers are its clients
             self._auth = ThreadAuthenticator(self._ctx)
             self._auth.start()
-            self._auth.configure_curve(domain="*", location=str(curve.authorized_dir))
+            self._auth.configure_curve_callback(domain="*", credentials_provider=CurveKeyring(
+                curve.authorized_dir, server="broker"))
             curve.apply(self._xsub)
             curve.apply(self._xpub)
         try:
@@ -72,6 +83,12 @@ class Broker:
         self._stopper.connect(self._control_addr)
         self.xsub_endpoint = self._xsub.getsockopt_string(zmq.LAST_ENDPOINT)
         self.xpub_endpoint = self._xpub.getsockopt_string(zmq.LAST_ENDPOINT)
+        if curve is None:
+            for endpoint in (self.xsub_endpoint, self.xpub_endpoint):
+                if not is_loopback(endpoint):
+                    log.warning("broker: %s is bound without CURVE: anyone who can reach it reads (or feeds) the "
+                                "streams unencrypted; create keys with `sapiens2-stream keys DIR` and pass "
+                                "--curve-dir DIR", endpoint)
 
     def run(self) -> None:
         """Forward messages and subscriptions until stop() is called; then close everything."""

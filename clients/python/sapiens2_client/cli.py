@@ -6,13 +6,15 @@
     sapiens2-client keys KEYS --client alice            # adds alice; never replaces an existing key
 
 The pipeline's ``sapiens2-stream subscribe`` and ``sapiens2-stream keys`` are these same commands.
-A failure prints one ``error: ...`` line and exits non-zero; ``subscribe --timeout`` with nothing
-received exits 3 and names the likely causes.
+A failure prints one ``error: ...`` line and exits non-zero; flags are checked before anything is
+opened. ``subscribe --timeout`` with nothing usable received exits 3: it says what arrived and why
+it was skipped (by reason), or, when nothing arrived at all, names the likely causes.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import logging
 import math
@@ -28,10 +30,11 @@ from typing import Any, NoReturn
 import numpy as np
 
 from . import wire
+from .endpoints import check_endpoint
 from .jsonl import JsonlError, LineWriter, keypoint_record
 from .keys import CurveClientKeys, KeysError, make_keys
 from .messages import FrameMessage, KeypointsMessage, Message, StatusMessage
-from .subscriber import ReceiveTimeout, Subscriber
+from .subscriber import ReceiveTimeout, Subscriber, SubscriberStats
 
 log = logging.getLogger("sapiens2_client")
 NOTHING_RECEIVED = 3
@@ -59,9 +62,10 @@ def add_subscribe_command(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--show", action="store_true", help="display received frames (needs OpenCV with a GUI)")
     p.add_argument("--latest-only", action="store_true", help="skip to the newest frame when behind")
     p.add_argument("--timeout", type=positive(float), default=None,
-                   help="exit after this many idle seconds (non-zero when nothing arrived at all)")
+                   help="exit after this many idle seconds (exit 3 when nothing usable arrived)")
     p.add_argument("--count", type=positive(int), default=None, help="exit after this many messages")
-    p.add_argument("--max-message-mb", type=positive(float), default=64.0, help="refuse larger messages")
+    p.add_argument("--max-message-mb", type=message_mb, default=64.0,
+                   help=f"refuse larger messages ({MIN_MESSAGE_MB:g}..{MAX_MESSAGE_MB:g})")
     p.add_argument("--keys", type=Path, help="CURVE keys directory (from `keys`)")
     p.add_argument("--client-name", default="client", help="client key name inside --keys")
     p.set_defaults(func=cmd_subscribe)
@@ -78,6 +82,21 @@ def positive(kind: type) -> Any:
             raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
         return value
     return parse
+
+
+MIN_MESSAGE_MB, MAX_MESSAGE_MB = 0.01, 4096.0  # 10 KiB holds any status message; ZMQ_MAXMSGSIZE is an int64
+
+
+def message_mb(text: str) -> float:
+    """An argparse type: a message size limit in MiB, MIN_MESSAGE_MB..MAX_MESSAGE_MB (below that it
+    rounds towards 0 bytes and refuses everything; above, it overflows the socket option)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not MIN_MESSAGE_MB <= value <= MAX_MESSAGE_MB:
+        raise argparse.ArgumentTypeError(f"must be {MIN_MESSAGE_MB:g}..{MAX_MESSAGE_MB:g} (MB), got {text}")
+    return value
 
 
 def add_keys_command(subparsers: argparse._SubParsersAction) -> None:
@@ -105,7 +124,8 @@ def cmd_keys(args: argparse.Namespace) -> int:
 
 
 def _finite(value: Any) -> Any:
-    """JSON-safe copy: non-finite floats become None, arrays become lists."""
+    """JSON-safe copy: non-finite floats become None, arrays become lists, and anything JSON cannot
+    hold (bytes: a header may carry them in keys this client does not know) becomes None."""
     if isinstance(value, np.ndarray):
         return _finite(value.tolist())
     if isinstance(value, float):
@@ -114,7 +134,9 @@ def _finite(value: Any) -> Any:
         return {str(k): _finite(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [_finite(v) for v in value]
-    return value
+    if value is None or isinstance(value, str | int):
+        return value
+    return None
 
 
 def summary(msg: Message) -> dict[str, Any]:
@@ -155,8 +177,24 @@ def line(msg: Message) -> str:
     return f"{msg.topic} #{msg.meta.frame_index}{extra} latency={lat:.1f}ms{age}{label}"
 
 
+def jsonl_record(msg: Message) -> dict[str, Any] | None:
+    """The ``--save-keypoints`` line of a message (a keypoints frame or a status event), else None."""
+    if isinstance(msg, KeypointsMessage):
+        m = msg.meta
+        return keypoint_record(
+            frame=m.frame_index, pts=m.pts, time_base=m.time_base, capture_ns=m.capture_ns, width=m.width,
+            height=m.height, random_weights=m.random_weights, boxes=msg.boxes, box_scores=msg.box_scores,
+            track_ids=msg.track_ids, keypoints=msg.keypoints if msg.keypoints.shape[1] else None,
+            scores=msg.keypoint_scores if msg.keypoints.shape[1] else None, keypoints3d=msg.keypoints3d,
+            source=m.source_id)
+    if isinstance(msg, StatusMessage) and isinstance(msg.header.get("event"), dict):
+        return _finite({**msg.header["event"], "source": msg.source_id})
+    return None
+
+
 class _Outputs:
-    """Where received messages go besides stdout: a keypoint file and a recording."""
+    """Where received messages go besides stdout: a keypoint file and a recording. Both are checked
+    when made (suffix, folder writable) and created only by their first write."""
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.lines = LineWriter(args.save_keypoints) if args.save_keypoints else None
@@ -165,19 +203,15 @@ class _Outputs:
             from .video import VideoWriter
 
             self.video = VideoWriter(args.record)
+            self.video.check()
+        if self.lines is not None:
+            self.lines.check()
         self.show = args.show
 
     def handle(self, msg: Message) -> None:
-        if isinstance(msg, KeypointsMessage) and self.lines is not None:
-            m = msg.meta
-            self.lines.write(keypoint_record(
-                frame=m.frame_index, pts=m.pts, time_base=m.time_base, capture_ns=m.capture_ns, width=m.width,
-                height=m.height, random_weights=m.random_weights, boxes=msg.boxes, box_scores=msg.box_scores,
-                track_ids=msg.track_ids, keypoints=msg.keypoints if msg.keypoints.shape[1] else None,
-                scores=msg.keypoint_scores if msg.keypoints.shape[1] else None, keypoints3d=msg.keypoints3d,
-                source=m.source_id))
-        elif isinstance(msg, StatusMessage) and self.lines is not None and isinstance(msg.header.get("event"), dict):
-            self.lines.write(_finite({**msg.header["event"], "source": msg.source_id}))
+        record = jsonl_record(msg) if self.lines is not None else None
+        if record is not None:
+            self.lines.write(record)
         elif isinstance(msg, FrameMessage):
             if self.video is not None:
                 self.video.write(msg.image, Fraction(msg.meta.capture_ns, 1_000_000_000))
@@ -194,11 +228,33 @@ class _Outputs:
             self.video.close()
 
 
-def _hint(args: argparse.Namespace, timeout: float) -> str:
-    causes = ["no pipeline publishes there (start one with --publish " + args.endpoint + ")",
+# What a skip reason (wire.REASONS) most likely means, for the one line after --timeout.
+_SKIP_CAUSES = {
+    "version": "a publisher of another schema version",
+    "schema": "not sapiens2-stream messages",
+    "too_large": "over --max-message-mb",
+}
+
+
+def _hint(args: argparse.Namespace, timeout: float, stats: SubscriberStats) -> str:
+    """Why nothing usable arrived: what did arrive and was refused, or the likely causes of silence."""
+    arrived = sum(stats.skipped.values()) + stats.filtered
+    if arrived:
+        why = [f"{reason} {n} ({_SKIP_CAUSES.get(reason, 'malformed')})" for reason, n in stats.skipped.most_common()]
+        if stats.filtered:
+            why.append(f"other sources {stats.filtered} (--source keeps only {', '.join(args.source)})")
+        return (f"{arrived} message{'s' * (arrived != 1)} arrived from {args.endpoint} but none could be used: "
+                + ", ".join(why))
+    curve = ("the publisher uses CURVE and these keys are not authorised there" if args.keys
+             else "the publisher uses CURVE (then pass --keys DIR)")
+    if stats.handshakes_failed:
+        return (f"nothing received from {args.endpoint} within {timeout:g} s: it refused the connection "
+                f"{stats.handshakes_failed} time{'s' * (stats.handshakes_failed != 1)}; {curve}")
+    causes = ["no pipeline publishes there (start one with --publish " + args.endpoint + ")", curve,
               "the topic or source filter matches nothing"]
-    causes.insert(1, "the publisher uses CURVE and these keys are not authorised there" if args.keys
-                  else "the publisher uses CURVE (then pass --keys DIR)")
+    if stats.disconnects:
+        causes.insert(0, f"messages over --max-message-mb {args.max_message_mb:g} (the connection was dropped "
+                         f"{stats.disconnects} time{'s' * (stats.disconnects != 1)})")
     return f"nothing received from {args.endpoint} within {timeout:g} s; likely: " + "; or ".join(causes)
 
 
@@ -208,19 +264,21 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
         topics.append("frame")
     if args.save_keypoints and not any(t.startswith(("keypoints", "status")) or t == "" for t in topics):
         topics.append("keypoints")
-    try:
-        curve = CurveClientKeys.from_dir(args.keys, args.client_name) if args.keys else None
-        sub = Subscriber(args.endpoint, topics, sources=args.source, latest_only=args.latest_only,
-                         max_message_bytes=int(args.max_message_mb * 2**20), curve=curve)
-    except (OSError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
+    try:  # everything that can be checked is, before a socket or a file is opened
+        check_endpoint(args.endpoint, bind=False)
+    except ValueError as e:
+        print(f"error: cannot connect: {e}", file=sys.stderr)
         return 1
     try:
         outputs = _Outputs(args)
-    except (OSError, ImportError, RuntimeError) as e:
-        sub.close()
+        curve = CurveClientKeys.from_dir(args.keys, args.client_name) if args.keys else None
+        sub = Subscriber(args.endpoint, topics, sources=args.source, latest_only=args.latest_only,
+                         max_message_bytes=int(args.max_message_mb * 2**20), curve=curve)
+    except (OSError, ValueError, ImportError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    if isinstance(sys.stdout, io.TextIOWrapper):  # a line is never worth a crash (e.g. a terminal without UTF-8)
+        sys.stdout.reconfigure(errors="backslashreplace")
     print_frames = any(t.startswith("frame") or t == "" for t in args.topic or [])
     stop = threading.Event()
     _on_signals(lambda *_: stop.set())
@@ -235,7 +293,7 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
             except ReceiveTimeout:
                 if args.timeout is not None and time.monotonic() - last_at > args.timeout:
                     if seen == 0:
-                        print(f"error: {_hint(args, args.timeout)}", file=sys.stderr)
+                        print(f"error: {_hint(args, args.timeout, sub.stats)}", file=sys.stderr)
                         rc = NOTHING_RECEIVED
                     break
                 continue
@@ -258,8 +316,9 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
         print(f"error: finishing the outputs failed: {e}", file=sys.stderr)
         return 1
     skipped = dict(sub.stats.skipped)
-    if skipped or sub.stats.missed:
-        print(f"received {sub.stats.received}, skipped {skipped or 0}, missed {sub.stats.missed}",
+    if (skipped or sub.stats.missed or sub.stats.restarts) and rc != NOTHING_RECEIVED:  # else the error said it
+        restarts = f", restarts {sub.stats.restarts}" if sub.stats.restarts else ""
+        print(f"received {sub.stats.received}, skipped {skipped or 0}, missed {sub.stats.missed}{restarts}",
               file=sys.stderr)
     return rc
 

@@ -1,6 +1,6 @@
 """ZeroMQ endpoints: checked before any socket sees them, so a typo is one clear line, not "Invalid argument".
 
-Accepted: ``tcp://HOST:PORT`` (PORT 1..65535, or ``*`` to bind a free port), ``ipc://PATH`` and
+Accepted: ``tcp://HOST:PORT`` (PORT 1..65535, or ``*`` / ``0`` to bind a free port), ``ipc://PATH`` and
 ``inproc://NAME``. HOST is a name, an IPv4 address, ``[IPv6]``, or ``*`` / an interface when binding.
 """
 
@@ -18,6 +18,8 @@ def check_endpoint(endpoint: str, *, bind: bool) -> str:
     naming what is wrong and an example otherwise."""
     example = "tcp://127.0.0.1:5555"
     if not isinstance(endpoint, str) or "://" not in endpoint:
+        if isinstance(endpoint, str) and _TCP.match(f"tcp://{endpoint}"):
+            raise ValueError(f"{endpoint!r} has no transport; did you mean tcp://{endpoint}")
         raise ValueError(f"{endpoint!r} has no transport; write it as {example}")
     scheme = endpoint.split("://", 1)[0]
     if scheme in ("ipc", "inproc"):
@@ -30,7 +32,7 @@ def check_endpoint(endpoint: str, *, bind: bool) -> str:
     if match is None:
         raise ValueError(f"{endpoint!r} is not tcp://HOST:PORT; e.g. {example}")
     host, port = match["host"], match["port"]
-    if port == "*" or host == "*":
+    if port == "*" or host == "*" or (bind and port == "0"):  # port 0 binds a free port, as '*' does
         if not bind:
             raise ValueError(f"{endpoint!r}: '*' works only when binding; connect to a host and port, e.g. {example}")
     elif not 1 <= int(port) <= 65535:

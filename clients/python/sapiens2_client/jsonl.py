@@ -33,6 +33,8 @@ from typing import Any
 
 import numpy as np
 
+from .paths import unwritable
+
 log = logging.getLogger(__name__)
 
 
@@ -110,16 +112,10 @@ class LineWriter:
         self._closed = False
 
     def check(self) -> None:
-        """Fail now, with JsonlError, if the file could not be created later (nothing is touched)."""
-        folder = self.path.parent
-        existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
-        if self.path.is_dir() or (existing is not None and not existing.is_dir()):
-            raise JsonlError(f"keypoint file {self.path}: cannot create it (a path component is not a folder); "
-                             "pick a writable path")
-        target = self.path if self.path.exists() else existing
-        if target is not None and not os.access(target, os.W_OK):
-            raise JsonlError(f"keypoint file {self.path}: cannot create it ({target} is not writable); "
-                             "pick a writable path")
+        """Fail now, with JsonlError, if the file could not be created later (nothing is left on disk)."""
+        why = unwritable(self.path)
+        if why is not None:
+            raise JsonlError(f"keypoint file {self.path}: cannot create it ({why}); pick a writable path")
 
     def write(self, record: dict[str, Any]) -> None:
         """Append one record as one line; JsonlError when it cannot be written whole."""

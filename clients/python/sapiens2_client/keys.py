@@ -12,14 +12,17 @@ replaced server key would lock out every client that holds the old ``server.key`
 
 from __future__ import annotations
 
+import logging
 import re
 import shutil
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import zmq.auth
 
+log = logging.getLogger(__name__)
 _NAME_RE = re.compile(r"^[A-Za-z0-9_\-]{1,64}$")
 
 
@@ -83,6 +86,42 @@ class CurveServerKeys:
         sock.curve_secretkey = self.secret
         sock.curve_publickey = self.public
         sock.curve_server = True
+
+
+class CurveKeyring:
+    """ZAP credentials provider (``ThreadAuthenticator.configure_curve_callback``): a client key is
+    accepted when its public key is in ``folder`` (``authorized/``); an unknown key makes the folder
+    be read again (clients added while running need no restart), and a refusal is logged as a
+    warning naming ``server`` (at most every ``warn_every_s``: a refused client retries often)."""
+
+    def __init__(self, folder: str | Path, server: str = "the CURVE server", warn_every_s: float = 10.0) -> None:
+        self.folder = Path(folder)
+        self.server = server
+        self.warn_every_s = warn_every_s
+        self.refused = 0
+        self._keys = self._load()
+        self._warned_at: float | None = None
+        self._since_warning = 0
+
+    def _load(self) -> set[bytes]:
+        return set(zmq.auth.load_certificates(str(self.folder))) if self.folder.is_dir() else set()
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        if key in self._keys:
+            return True
+        self._keys = self._load()
+        if key in self._keys:
+            return True
+        self.refused += 1
+        now = time.monotonic()
+        if self._warned_at is not None and now - self._warned_at < self.warn_every_s:
+            self._since_warning += 1
+            return False
+        more = f" ({self._since_warning} more refused since the last warning)" if self._since_warning else ""
+        log.warning("%s refused a CURVE client: its public key %s is not in %s%s", self.server,
+                    key.decode(errors="replace"), self.folder, more)
+        self._warned_at, self._since_warning = now, 0
+        return False
 
 
 def make_keys(directory: str | Path, clients: Sequence[str] = ("client",)) -> list[Path]:

@@ -24,6 +24,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from . import wire
+from .endpoints import check_endpoint
 from .keys import CurveClientKeys
 from .messages import (
     FrameMessage,
@@ -41,7 +42,10 @@ __all__ = ["CurveClientKeys", "FrameMessage", "KeypointsMessage", "MatteMessage"
            "SegMessage", "StatusMessage", "Subscriber", "SubscriberStats", "to_message"]
 
 _UNSET: Any = object()
+_HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                     | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
 _DRAIN_LIMIT = 10_000  # bounded drain so a flood cannot keep recv() busy forever
+MAX_GAP = 2**20  # frames missed in one gap at most (over 9 hours at 30 fps); a larger leap is a restart
 
 
 class ReceiveTimeout(TimeoutError):
@@ -57,7 +61,9 @@ class SubscriberStats:
     superseded: int = 0  # older image messages discarded by latest_only
     filtered: int = 0  # other sources, when sources= is given
     missed: int = 0  # frame_index gaps per topic: messages the publisher or network dropped
+    restarts: int = 0  # frame_index went backwards or leapt over MAX_GAP: a new baseline, nothing missed
     disconnects: int = 0  # connections lost (an oversized message, a publisher restart) and made again
+    handshakes_failed: int = 0  # refused by the publisher (CURVE keys missing or not authorised); libzmq retries
 
     @property
     def malformed(self) -> int:
@@ -116,7 +122,8 @@ class Subscriber:
             curve.apply(self._sock)
         for prefix in _prefixes(topics, sources):
             self._sock.setsockopt(zmq.SUBSCRIBE, prefix.encode())
-        self._monitor = self._sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self._monitor = self._sock.get_monitor_socket(zmq.EVENT_DISCONNECTED | _HANDSHAKE_FAILED)
+        self._refused: set[str] = set()  # endpoints whose last handshake failed: libzmq reconnects those itself
         self._endpoints: list[str] = []
         self._poller = zmq.Poller()
         self._poller.register(self._sock, zmq.POLLIN)
@@ -125,6 +132,11 @@ class Subscriber:
 
     def connect(self, endpoint: str) -> None:
         """Receive from another publisher (or broker) too; ValueError for an endpoint ZeroMQ refuses."""
+        try:
+            check_endpoint(endpoint, bind=False)
+        except ValueError as e:
+            self.close()
+            raise ValueError(f"cannot connect: {e}") from None
         try:
             self._sock.connect(endpoint)
         except zmq.ZMQError as e:
@@ -155,7 +167,14 @@ class Subscriber:
         while self._monitor.poll(0):
             event = recv_monitor_message(self._monitor)
             endpoint = event["endpoint"].decode() if isinstance(event["endpoint"], bytes) else event["endpoint"]
-            if event["event"] != zmq.EVENT_DISCONNECTED or endpoint not in self._endpoints:
+            if endpoint not in self._endpoints:
+                continue
+            if event["event"] & _HANDSHAKE_FAILED:
+                self.stats.handshakes_failed += 1
+                self._refused.add(endpoint)
+                continue
+            if endpoint in self._refused:  # the drop after a refused handshake: libzmq retries at its own pace
+                self._refused.discard(endpoint)
                 continue
             self.stats.disconnects += 1
             log.debug("connection to %s dropped; connecting again", endpoint)
@@ -216,12 +235,23 @@ class Subscriber:
             return True
         self.stats.received += 1
         if not isinstance(msg, StatusMessage):
-            last = self._last_index.get(msg.topic)
-            if last is not None and msg.meta.frame_index > last + 1:
-                self.stats.missed += msg.meta.frame_index - last - 1
-            self._last_index[msg.topic] = msg.meta.frame_index
+            self._count_gap(msg.topic, msg.meta.frame_index)
         self._pending.append(msg)
         return True
+
+    def _count_gap(self, topic: str, index: int) -> None:
+        """Count the frames between this message and the last of its topic as missed, unless the index
+        went backwards or leapt more than MAX_GAP ahead: that is a restarted (or hostile) publisher,
+        and only starts a new baseline (an alternating 2**63-1, 0 would otherwise count 2**63 each)."""
+        last = self._last_index.get(topic)
+        self._last_index[topic] = index
+        if last is None or index == last + 1:
+            return
+        if last < index <= last + 1 + MAX_GAP:
+            self.stats.missed += index - last - 1
+        else:
+            self.stats.restarts += 1
+            log.debug("%s: frame_index %d after %d; counting from here", topic, index, last)
 
     def _skip(self, error: wire.WireError) -> None:
         self.stats.skipped[error.reason] += 1

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .paths import unwritable
 from .timing import time_base_for_fps
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,7 @@ FALLBACKS = {
     "mpeg4": ("mpeg4",),
 }
 FRAGMENTED = (".mp4", ".mov", ".m4v")
+RECORD_SUFFIXES = (*FRAGMENTED, ".mkv")  # what VideoWriter writes
 _MPEG4_TIME_BASE = Fraction(1, 30000)  # MPEG-4 Part 2 caps the time base denominator at 65535
 _FINE_TIME_BASE = Fraction(1, 90000)
 
@@ -106,6 +108,15 @@ class VideoWriter:
         self._last_pts = -1
         self._good_size = 0  # bytes of whole fragments on disk
         self._closed = False
+
+    def check(self) -> None:
+        """Fail now, with RecorderError, if the file could not be written later (nothing is left on disk)."""
+        if self.path.suffix.lower() not in RECORD_SUFFIXES:
+            raise RecorderError(f"recorder {self.path}: cannot write {self.path.suffix or 'a file without a suffix'}; "
+                                f"name a {'/'.join(RECORD_SUFFIXES)} file")
+        why = unwritable(self.path)
+        if why is not None:
+            raise RecorderError(f"recorder {self.path}: cannot create the file ({why}); pick a writable path")
 
     @property
     def started(self) -> bool:

@@ -269,8 +269,15 @@ def load_header(data: bytes, limits: Limits = Limits()) -> dict[str, Any]:
     return header
 
 
+_LEAVES = (str, bytes, int, float, bool, type(None))  # what msgpack and JSON decode to, besides maps and arrays
+
+
 def _depth(value: Any, stop: int) -> int:
-    """Nesting depth of maps and arrays (a scalar is 0), counted up to ``stop`` without recursion."""
+    """Nesting depth of maps and arrays (a scalar is 0), counted up to ``stop`` without recursion.
+
+    Raises WireError("header") for a value no header may hold: a msgpack ext (a Timestamp, an
+    ExtType) or a string that is not valid Unicode (a JSON ``"\\ud800"`` decodes to a lone surrogate,
+    which no UTF-8 output can write)."""
     deepest, todo = 0, [(value, 0)]
     while todo:
         item, level = todo.pop()
@@ -279,7 +286,18 @@ def _depth(value: Any, stop: int) -> int:
             deepest = max(deepest, level)
             if deepest >= stop:
                 return deepest
-            todo.extend((v, level) for v in (item.values() if isinstance(item, dict) else item))
+            if isinstance(item, dict):
+                todo.extend((k, level) for k in item)
+                todo.extend((v, level) for v in item.values())
+            else:
+                todo.extend((v, level) for v in item)
+        elif not isinstance(item, _LEAVES):
+            raise WireError(f"header holds a {type(item).__name__}, which no field may be", "header")
+        elif isinstance(item, str) and not item.isascii():
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                raise WireError(f"header holds a string that is not valid Unicode: {item!r:.40}", "header") from None
     return deepest
 
 
@@ -347,6 +365,48 @@ def check_status_fields(header: dict[str, Any]) -> None:
         _optional(header, key, lambda v: _is_int(v, 0, 2**31), "a non-negative integer")
     for key in ("live", "random_weights"):
         _optional(header, key, lambda v: isinstance(v, bool), "a boolean")
+    if "event" in header:
+        check_event(header["event"])
+
+
+# The fields of a status ``event`` map (docs/WIRE.md) and what each must be; unknown keys are
+# allowed (the version rule), but only as plain JSON-able values (no bytes), since clients print them.
+_EVENT_FIELDS = {
+    "event": (lambda v: isinstance(v, str) and 0 < len(v) <= 64, "a short string"),
+    "time_ns": (lambda v: _is_int(v, 0, _UINT64_MAX), "an unsigned integer"),
+    "session": (_is_int, "a non-negative integer"),
+    "last_frame": (lambda v: _is_int(v, -1), "an integer >= -1"),
+    "first_frame": (_is_int, "a non-negative integer"),
+    "silent_s": (lambda v: _is_number(v) and v >= 0, "a non-negative number"),
+    "outage_s": (lambda v: _is_number(v) and v >= 0, "a non-negative number"),
+    "reason": (lambda v: isinstance(v, str), "a string"),
+}
+
+
+def _json_value(value: Any) -> bool:
+    """A value with no bytes anywhere (maps keyed by strings), which JSON can hold."""
+    todo = [value]
+    while todo:
+        item = todo.pop()
+        if isinstance(item, dict):
+            if not all(isinstance(k, str) for k in item):
+                return False
+            todo.extend(item.values())
+        elif isinstance(item, list):
+            todo.extend(item)
+        elif isinstance(item, bytes):
+            return False
+    return True
+
+
+def check_event(event: Any) -> None:
+    """A status ``event`` map: ``event`` present, every documented field typed; raises WireError."""
+    if not isinstance(event, dict) or "event" not in event:
+        raise WireError(f"event must be a map with an event name, got {event!r:.80}")
+    for key, value in event.items():
+        check, what = _EVENT_FIELDS.get(key, (_json_value, "plain data (no bytes)"))
+        if not isinstance(key, str) or not check(value):
+            raise WireError(f"event field {key!r:.40} must be {what}, got {value!r:.80}")
 
 
 def _check_shape(name: str, shape: Any, limits: Limits) -> list[int]:

@@ -1,8 +1,10 @@
-"""Fuzzing the decoder with generated messages: whatever arrives, only WireError may come out.
+"""Fuzzing the decoder with generated messages: whatever arrives, only WireError may come out, and
+whatever it lets through, the CLI can print (text line, ``--json``, ``--save-keypoints``).
 
-Three generators: random bytes, headers built from the format's own fields with hostile values
-(every type in every field, huge shapes, odd dtypes), and real encoded messages with bytes flipped,
-cut or inserted.
+Four generators: random bytes, headers built from the format's own fields with hostile values
+(every type in every field, huge shapes, odd dtypes), real encoded messages with bytes flipped,
+cut or inserted, and real messages with hostile values where the format leaves room (a status
+``event``, keys it does not define, strings that are not valid Unicode).
 """
 
 from __future__ import annotations
@@ -16,16 +18,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sapiens2_client import wire
-from sapiens2_client.messages import decode_message
+from sapiens2_client import cli, wire
+from sapiens2_client.messages import Message, decode_message
 
 CASES = json.loads((Path(__file__).resolve().parents[2] / "vectors" / "vectors.json").read_text())["cases"]
 GOOD = [[base64.b64decode(f) for f in c["frames"]] for c in CASES if "expect" in c]
 SMALL = wire.Limits(max_message_bytes=1 << 20, max_array_bytes=1 << 20, max_pixels=1 << 16)
 FUZZ = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
+LONE_SURROGATES = st.sampled_from(["\ud800", "a\udfffb", "\udc80"])  # JSON "\ud800" decodes to these
 scalars = st.one_of(st.none(), st.booleans(), st.integers(min_value=-(2**64), max_value=2**64),
-                    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=12), st.binary(max_size=12))
+                    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=12), st.binary(max_size=12),
+                    LONE_SURROGATES)
 values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8),
                                                                                           inner, max_size=4),
                       max_leaves=12)
@@ -39,11 +43,21 @@ descriptors = st.fixed_dictionaries({
 })
 
 
+def _print_all_ways(msg: Message) -> None:
+    """What ``subscribe`` does with a message it accepted: none of it may raise."""
+    cli.line(msg).encode("utf-8")  # stdout is UTF-8 (strict): a lone surrogate would raise here
+    json.dumps(cli.summary(msg), allow_nan=False)  # --json
+    record = cli.jsonl_record(msg)  # --save-keypoints, serialised as LineWriter does
+    if record is not None:
+        json.dumps(record, separators=(",", ":"), allow_nan=False).encode()
+
+
 def _decode(frames: list[bytes]) -> None:
     try:
-        decode_message(frames, limits=SMALL)
+        msg = decode_message(frames, limits=SMALL)
     except wire.WireError:
-        pass  # refused: fine. Anything else escaping is the failure this test looks for.
+        return  # refused: fine. Anything else escaping is the failure this test looks for.
+    _print_all_ways(msg)
 
 
 @FUZZ
@@ -86,3 +100,67 @@ def test_mutated_real_messages(case: list[bytes], frame: int, pos: int, change: 
 @pytest.mark.parametrize("case", GOOD[:3])
 def test_good_messages_pass_the_fuzzing_limits(case: list[bytes]) -> None:
     decode_message(case, limits=SMALL)  # the limits used above do not refuse real messages
+
+
+def _pack(header: dict, json_header: bool) -> bytes | None:
+    try:
+        return json.dumps(header).encode() if json_header else msgpack.packb(header, use_bin_type=True)
+    except (TypeError, ValueError, OverflowError):
+        return None  # not representable in that format (bytes in JSON, a lone surrogate in msgpack)
+
+
+extras = st.dictionaries(st.one_of(st.text(max_size=8), LONE_SURROGATES), values, max_size=3)
+events = st.one_of(values, st.dictionaries(st.sampled_from(["event", "time_ns", "session", "last_frame", "reason",
+                                                            "silent_s", "outage_s", "first_frame", "other"]),
+                                           values, max_size=5),
+                   st.builds(lambda name, rest: {"event": name, **rest}, st.one_of(st.text(max_size=8), values),
+                             extras))
+
+
+STATUS = wire.encode("status", "cam0", {"fps": 1.0, "health": "ok", "frames": 1, "last_frame_index": 0,
+                                        "event": {"event": "resumed", "time_ns": 1, "session": 1, "outage_s": 0.5,
+                                                  "first_frame": 3, "reason": "x"}}, publish_ns=1)
+
+
+@FUZZ
+@given(event=events, extra=extras, health=st.one_of(st.text(max_size=8), LONE_SURROGATES), json_header=st.booleans())
+def test_accepted_status_messages_print_every_way(event, extra: dict, health: str, json_header: bool) -> None:
+    """A status with hostile values where a valid one has room: its event, its health, unknown keys."""
+    data = _pack({**wire.load_header(STATUS[1]), **extra, "health": health, "event": event}, json_header)
+    if data is not None:
+        _decode([STATUS[0], data])
+
+
+@FUZZ
+@given(case=st.sampled_from(GOOD), extra=extras, json_header=st.booleans())
+def test_accepted_messages_with_unknown_keys_print_every_way(case: list[bytes], extra: dict,
+                                                             json_header: bool) -> None:
+    data = _pack({**wire.load_header(case[1]), **extra}, json_header)
+    if data is not None:
+        _decode([case[0], data, *case[2:]])
+
+
+@pytest.mark.parametrize("event", [{"event": "stalled", "x": b"\x00"}, {"event": "stalled", "x": [1, b"\x00"]},
+                                   {"event": b"stalled"}, {"event": "stalled", "time_ns": b"1"},
+                                   {"event": "stalled", "x": msgpack.ExtType(5, b"")}])
+def test_a_status_event_holding_bytes_or_ext_is_refused(event: dict) -> None:
+    header = {**wire.load_header(STATUS[1]), "event": event}
+    with pytest.raises(wire.WireError) as refused:
+        decode_message([STATUS[0], msgpack.packb(header, use_bin_type=True)], limits=SMALL)
+    assert refused.value.reason in ("field", "header")
+
+
+@pytest.mark.parametrize("where", ["health", "key", "unknown"])
+def test_a_json_header_with_a_lone_surrogate_is_refused(where: str) -> None:
+    header = wire.load_header(STATUS[1])
+    if where == "health":
+        header["health"] = "\ud800"
+    else:
+        header["\ud800" if where == "key" else "future"] = "\udfff" if where == "unknown" else 1
+    with pytest.raises(wire.WireError) as refused:
+        decode_message([STATUS[0], json.dumps(header).encode()], limits=SMALL)
+    assert refused.value.reason == "header"
+
+
+def test_a_documented_event_passes() -> None:
+    _print_all_ways(decode_message(STATUS, limits=SMALL))
