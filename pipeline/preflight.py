@@ -15,11 +15,10 @@ from pathlib import Path
 import numpy as np
 
 from sapiens2_client.jsonl import JsonlError, LineWriter
-from sapiens2_client.video import FRAGMENTED
+from sapiens2_client.video import RECORD_SUFFIXES
 
 from .config import ConfigError, RunConfig, SourceSpec
 
-RECORD_SUFFIXES = (*FRAGMENTED, ".mkv")
 # what Ultralytics loads as a detector (weights, its exports, or an architecture with random weights)
 DETECTOR_SUFFIXES = (".pt", ".yaml", ".yml", ".onnx", ".torchscript", ".engine", ".mlpackage", ".tflite")
 

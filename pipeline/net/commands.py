@@ -19,7 +19,7 @@ from typing import Any
 import zmq
 
 from sapiens2_client import wire
-from sapiens2_client.cli import OneLineParser, add_keys_command, add_subscribe_command
+from sapiens2_client.cli import OneLineParser, add_keys_command, add_subscribe_command, message_mb
 from sapiens2_client.endpoints import check_endpoint
 from sapiens2_client.keys import CurveClientKeys, CurveServerKeys, KeysError
 
@@ -45,7 +45,7 @@ def add_net_commands(subparsers: argparse._SubParsersAction) -> None:
     v.add_argument("--metrics", help="HOST:PORT for Prometheus /metrics, /healthz and /readyz of the viewer")
     v.add_argument("--keys", help="CURVE keys directory (from `keys`) when the publisher uses CURVE")
     v.add_argument("--client-name", default="client", help="client key name inside --keys")
-    v.add_argument("--max-message-mb", type=float, default=64.0, help="refuse larger messages")
+    v.add_argument("--max-message-mb", type=message_mb, default=64.0, help="refuse larger messages (MB)")
     v.set_defaults(func=cmd_view)
 
     c = subparsers.add_parser("control", help="add, remove or list the sources of a running pipeline (--control)")

@@ -28,7 +28,6 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -39,7 +38,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from sapiens2_client import wire
 from sapiens2_client.endpoints import check_endpoint, is_loopback
-from sapiens2_client.keys import CurveClientKeys, CurveServerKeys, KeysError
+from sapiens2_client.keys import CurveClientKeys, CurveKeyring, CurveServerKeys, KeysError
 from sapiens2_client.timing import RateMeter
 from stages.types import FrameResult, StreamInfo
 
@@ -81,31 +80,6 @@ class _Source:
     last_index: int = -1
     pipeline_drops: dict[str, int] = field(default_factory=dict)
     rate: RateMeter = field(default_factory=RateMeter)
-
-
-class _CurveKeyring:
-    """ZAP callback: a client key is accepted when its public key is in ``authorized/``; an unknown
-    key makes the folder be read again (clients added while running), and a refusal is a warning."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-        self._keys = self._load()
-        self._last_warning = 0.0
-
-    def _load(self) -> set[bytes]:
-        return {key for key in zmq.auth.load_certificates(str(self.folder))} if self.folder.is_dir() else set()
-
-    def callback(self, domain: str, key: bytes) -> bool:
-        if key in self._keys:
-            return True
-        self._keys = self._load()
-        if key in self._keys:
-            return True
-        now = time.monotonic()
-        if now - self._last_warning > _WARN_EVERY_S:
-            self._last_warning = now
-            log.warning("CURVE: refused a subscriber whose public key %s is not in %s", key.decode(), self.folder)
-        return False
 
 
 class ZmqPublisher:
@@ -180,8 +154,8 @@ class ZmqPublisher:
             if isinstance(self.curve, CurveServerKeys):
                 self._auth = ThreadAuthenticator(self._ctx)
                 self._auth.start()
-                self._auth.configure_curve_callback(domain="*", credentials_provider=_CurveKeyring(
-                    self.curve.authorized_dir))
+                self._auth.configure_curve_callback(domain="*", credentials_provider=CurveKeyring(
+                    self.curve.authorized_dir, server=f"the publisher on {self.endpoint}", warn_every_s=_WARN_EVERY_S))
             sock.setsockopt(zmq.XPUB_VERBOSE, 1)
             sock.setsockopt(zmq.XPUB_NODROP, 1)  # a full queue makes send raise Again: drops are counted
             sock.setsockopt(zmq.SNDHWM, self.sndhwm)
