@@ -549,3 +549,31 @@ def test_broker_logs_a_refused_curve_client_as_a_warning(tmp_path: Path) -> None
     public = (keys / "clients" / "mallory.key").read_text().split('public-key = "')[1].split('"')[0]
     warned = [line for line in err.splitlines() if line.startswith("WARNING") and "refused" in line]
     assert warned and public in warned[0], err
+
+
+def test_publishing_to_a_broker_that_is_not_there_says_so(monkeypatch: pytest.MonkeyPatch, caplog) -> None:
+    """--publish-connect to an endpoint where no broker runs: ZeroMQ retries silently and nothing is
+    published, so the pipeline says so once (it logged "publishing ... (connected to a broker)" and
+    ran on without a word); when a broker comes, it says that too."""
+    import logging
+
+    from pipeline.net.broker import Broker
+    from pipeline.sinks import publisher as publisher_module
+
+    monkeypatch.setattr(publisher_module, "BROKER_WAIT_S", 0.5)
+    caplog.set_level(logging.INFO, logger=publisher_module.__name__)
+    port = _free_port()
+    pub = ZmqPublisher(f"tcp://127.0.0.1:{port}", connect=True, status_interval_s=0.2)
+    pub.bind()
+    try:
+        deadline = time.monotonic() + 60
+        while "no broker answers at" not in caplog.text:
+            assert time.monotonic() < deadline, caplog.text
+            time.sleep(0.05)
+        with Broker(f"tcp://127.0.0.1:{port}", "tcp://127.0.0.1:*"):
+            while "connected to the broker" not in caplog.text:
+                assert time.monotonic() < deadline, caplog.text
+                time.sleep(0.05)
+    finally:
+        pub.close()
+    assert caplog.text.count("no broker answers at") == 1

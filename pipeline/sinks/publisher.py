@@ -54,6 +54,7 @@ _HANDSHAKE_EVENTS = {
     zmq.EVENT_HANDSHAKE_FAILED_AUTH: "refused by CURVE authentication",
 }
 _WARN_EVERY_S = 10.0
+BROKER_WAIT_S = 5.0  # --publish-connect: how long without a broker before saying so
 
 
 class PublishError(RuntimeError):
@@ -141,6 +142,7 @@ class ZmqPublisher:
         self._thread: threading.Thread | None = None
         self._handshake_warned = (0.0, 0)  # (last warning, failures since)
         self.connections = 0  # open ZeroMQ connections (subscribers, or the broker when connecting)
+        self._broker_wait: tuple[float, bool] | None = None  # connecting: (since when, warned) until connected
 
     # -- set-up -----------------------------------------------------------------------------
     def bind(self) -> None:
@@ -181,7 +183,9 @@ class ZmqPublisher:
                         "create keys with `sapiens2-stream keys DIR` and pass --curve-dir DIR", self.endpoint)
         self._thread = threading.Thread(target=self._status_loop, name="zmq-status", daemon=True)
         self._thread.start()
-        log.info("publishing on %s%s", self.endpoint, " (connected to a broker)" if self.connect else "")
+        if self.connect:
+            self._broker_wait = (time.monotonic(), False)
+        log.info("publishing on %s%s", self.endpoint, " (connecting to a broker)" if self.connect else "")
 
     # -- Sink protocol ----------------------------------------------------------------------
     def open(self, info: StreamInfo) -> None:
@@ -378,11 +382,26 @@ class ZmqPublisher:
         next_status = time.monotonic() + self.status_interval_s
         while not self._stop.is_set():
             self._watch_handshakes(min(0.1, self.status_interval_s))
+            self._watch_broker()
             if time.monotonic() >= next_status:
                 next_status += self.status_interval_s
                 with self._lock:
                     for source in list(self._sources.values()):
                         self._publish_status(source)
+
+    def _watch_broker(self) -> None:
+        """Connecting to a broker: say once when none has answered for BROKER_WAIT_S (ZeroMQ keeps
+        trying, silently, and publishes nothing meanwhile), and again when one does."""
+        if self._broker_wait is None:
+            return
+        since, warned = self._broker_wait
+        if self.connections > 0:
+            self._broker_wait = None
+            (log.warning if warned else log.info)("connected to the broker at %s", self.endpoint)
+        elif not warned and time.monotonic() - since >= BROKER_WAIT_S:
+            self._broker_wait = (since, True)
+            log.warning("no broker answers at %s after %.0f s: nothing is published until one does (ZeroMQ "
+                        "keeps trying); is `sapiens2-stream broker` running there?", self.endpoint, BROKER_WAIT_S)
 
     def _watch_handshakes(self, timeout_s: float) -> None:
         """Count connections and log failed subscriber handshakes (rate-limited: a misconfigured client
