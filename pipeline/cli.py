@@ -49,7 +49,7 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
         if not meta.get("cli", True):
             continue
         flag = "--" + (meta.get("flag") or name.replace("_", "-"))
-        kwargs: dict[str, Any] = {"dest": name, "help": meta.get("help") or None, "default": None}
+        kwargs: dict[str, Any] = {"dest": name, "help": _with_default(meta.get("help") or "", f), "default": None}
         hint = HINTS[name]
         if hint is bool:
             kwargs["action"] = argparse.BooleanOptionalAction
@@ -65,6 +65,25 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
             if typing.get_origin(hint) is dict or meta.get("split") is False:
                 kwargs["action"] = "append"
         p.add_argument(flag, **kwargs)
+
+
+def _with_default(text: str, f: Any) -> str | None:
+    """A flag's help with the field's default (the flags themselves default to None: see above)."""
+    import dataclasses
+
+    value = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+    if value is None or value == [] or value == {} or isinstance(value, bool) and not value:
+        return text or None
+    if isinstance(value, list) and len(value) == 2 and all(isinstance(v, int) for v in value) and "HxW" in \
+            (f.metadata.get("metavar") or ""):
+        shown = f"{value[0]}x{value[1]}"
+    elif isinstance(value, list):
+        shown = ",".join(map(str, value))
+    elif isinstance(value, bool):
+        shown = "on"
+    else:
+        shown = str(value)
+    return f"{text} (default: {shown})".replace("%", "%%").strip()
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -172,7 +172,8 @@ class RunConfig:
     view_token: str | None = option(None, "require this token (?token=...) for the web view and its stream")
     metrics: str | None = option(None, "serve Prometheus /metrics, /healthz and /readyz on HOST:PORT "
                                        "(e.g. 127.0.0.1:9108)")
-    annotate: list[str] = option(help="layers drawn on recorded/published frames, bottom-up",
+    annotate: list[str] = option(help="comma list of the layers drawn on recorded/published frames, bottom-up, "
+                                      "from matte,seg,boxes,pose,side3d,hud (side3d: the 3D inset)",
                                  factory=lambda: ["matte", "seg", "boxes", "pose", "side3d", "hud"])
     matte_mode: str = option("composite", "how the matte puts people on the background",
                              choices=["composite", "replace"])

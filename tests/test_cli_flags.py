@@ -32,6 +32,15 @@ def test_every_config_key_has_a_flag_with_help() -> None:
         assert by_dest[name].help, f"--{name} has no help text"
 
 
+def test_the_help_shows_each_default() -> None:
+    """Flags default to None (a flag left out overrides nothing in the YAML), so the help states the
+    field's own default: it showed none before."""
+    text = _run_parser().format_help()
+    for shown in ("(default: pose,seg)", "(default: 1024x768)", "(default: 0.3)", "(default: 80)",
+                  "(default: matte,seg,boxes,pose,side3d,hud)", "(default: on)"):
+        assert shown in " ".join(text.split()), shown
+
+
 @pytest.mark.parametrize("name", [n for n, f in FIELDS.items() if f.metadata.get("cli", True)])
 def test_a_flag_sets_its_key(name: str) -> None:
     action = next(a for a in _run_parser()._actions if a.dest == name)
