@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Sequence
 import cv2
 import numpy as np
 
+from sapiens2_client.timing import RateMeter
 from stages.metadata import Sapiens2Metadata, load_metadata
 from stages.types import FrameResult
 
@@ -253,27 +254,41 @@ class MatteAnnotator(BaseAnnotator):
 class HudAnnotator(BaseAnnotator):
     """Status text: FPS, per-stage latency, drop counters, and a banner for random weights.
 
-    FPS is an exponential moving average over the intervals between ``annotate`` calls
-    (``clock`` returns seconds; injectable for tests).
+    FPS is counted per source, over one-second windows, with the same meter (sapiens2_client's
+    RateMeter) as the fps in the published status messages, so the picture and the figures agree
+    (one HUD serves every source of a run: one count for all of them would show their sum).
+    ``clock`` returns seconds; injectable for tests.
     """
 
     layer = 9
 
-    def __init__(self, smoothing: float = 0.9, clock: Callable[[], float] = time.perf_counter) -> None:
-        self.smoothing, self.clock = smoothing, clock
-        self._last: float | None = None
-        self.fps: float | None = None
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self._meters: dict[str, RateMeter] = {}
+        self._shown: str | None = None  # the source of the last frame annotated
 
-    def _tick(self) -> None:
-        now = self.clock()
-        if self._last is not None and now > self._last:
-            inst = 1.0 / (now - self._last)
-            self.fps = inst if self.fps is None else self.smoothing * self.fps + (1 - self.smoothing) * inst
-        self._last = now
+    def _tick(self, source_id: str) -> None:
+        meter = self._meters.get(source_id)
+        if meter is None:
+            meter = self._meters[source_id] = RateMeter(1.0, clock=self.clock)
+        meter.tick()
+        self._shown = source_id
+
+    def fps_of(self, source_id: str | None) -> float | None:
+        """The frame rate of a source, None until it has run for a first full second."""
+        meter = self._meters.get(source_id) if source_id is not None else None
+        if meter is None or self.clock() - meter.started < meter.window_s:
+            return None
+        return meter.rate
+
+    @property
+    def fps(self) -> float | None:
+        return self.fps_of(self._shown)
 
     def lines(self, result: FrameResult) -> list[str]:
         """The text lines the HUD shows for this result."""
-        lines = [f"FPS {self.fps:.1f}" if self.fps is not None else "FPS --"]
+        fps = self.fps_of(result.frame.source_id)
+        lines = [f"FPS {fps:.1f}" if fps is not None else "FPS --"]
         if result.latency_ms:
             lines.append("  ".join(f"{k} {v:.1f}ms" for k, v in result.latency_ms.items()))
         if any(result.drops.values()):
@@ -282,7 +297,7 @@ class HudAnnotator(BaseAnnotator):
 
     def annotate(self, image: np.ndarray, result: FrameResult) -> np.ndarray:
         image = _canvas(image)
-        self._tick()
+        self._tick(result.frame.source_id)
         h, w = image.shape[:2]
         scale = max(0.4, min(h, w) / 1400)
         (_, th), base = cv2.getTextSize("Ag", _FONT, scale, 1)

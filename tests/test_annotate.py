@@ -23,11 +23,11 @@ H, W = 240, 320
 GREY = 40
 
 
-def _result(image: np.ndarray | None = None, n: int = 1, **kwargs: object) -> FrameResult:
+def _result(image: np.ndarray | None = None, n: int = 1, source_id: str = "cam0", **kwargs: object) -> FrameResult:
     image = np.full((H, W, 3), GREY, np.uint8) if image is None else image
     boxes = np.tile(np.array([[20, 20, 200, 220]], np.float32), (n, 1))
     det = Detections(boxes, np.full(n, 0.9), np.arange(n) + 3)
-    return FrameResult(Frame(0, image, 0, None, 0), det, **kwargs)
+    return FrameResult(Frame(0, image, 0, None, 0, source_id=source_id), det, **kwargs)
 
 
 def _keypoints(points: dict[int, tuple[float, float]], score: float = 0.9) -> Keypoints:
@@ -117,18 +117,32 @@ def test_matte_background_image_is_resized() -> None:
 
 
 def test_hud_banner_only_with_random_weights() -> None:
-    ticks = iter([0.0, 0.04])
-    hud = HudAnnotator(clock=lambda: next(ticks))
+    now = [0.0]
+    hud = HudAnnotator(clock=lambda: now[0])
     flagged = _result(random_weights=True, latency_ms={"pose": 12.5}, drops={"source": 2})
     out = hud.annotate(flagged.frame.image.copy(), flagged)
     banner = (out[:12] == BANNER_COLOR).all(axis=2).mean()
     assert banner > 0.5
-    assert hud.lines(flagged) == ["FPS --", "pose 12.5ms", "drops source 2"]
+    assert hud.lines(flagged) == ["FPS --", "pose 12.5ms", "drops source 2"]  # not a full second yet
     plain = _result()
-    out = hud.annotate(plain.frame.image.copy(), plain)
+    for _ in range(40):  # 25 frames a second
+        now[0] += 0.04
+        out = hud.annotate(plain.frame.image.copy(), plain)
     assert not (out == BANNER_COLOR).all(axis=2).any()
-    assert hud.fps == pytest.approx(25.0)
+    assert hud.fps == pytest.approx(25.0, rel=0.05)
     assert (out[H // 2 :] == GREY).all()  # text stays in the corner
+
+
+def test_hud_counts_each_source_apart() -> None:
+    """One HUD draws every source of a run: two cameras at 10 fps each are 10 fps each, not 20."""
+    now = [0.0]
+    hud = HudAnnotator(clock=lambda: now[0])
+    for i in range(60):
+        now[0] += 0.05  # 20 frames a second in all, alternating
+        result = _result(source_id="a" if i % 2 else "b")
+        hud.annotate(result.frame.image.copy(), result)
+    assert hud.fps_of("a") == pytest.approx(10.0, rel=0.1) and hud.fps_of("b") == pytest.approx(10.0, rel=0.1)
+    assert hud.lines(_result(source_id="a"))[0] == f"FPS {hud.fps_of('a'):.1f}"
 
 
 def test_compose_orders_layers_and_keeps_the_frame() -> None:
