@@ -142,8 +142,13 @@ def test_batch_killed_then_resumed_does_each_video_once(archive: Path, ray_env: 
     unfinished = next(name for name in CLIPS if name not in before)
     (out / unfinished).mkdir(exist_ok=True)
     (out / unfinished / f".partial-0-{VIDEO}").write_bytes(os.urandom(1000))
+    # One complete video's input is replaced (a newer file under the same name): done again, not skipped.
+    replaced = sorted(before)[0]
+    source = archive / f"{replaced}.mp4"
+    os.utime(source, ns=(source.stat().st_atime_ns, source.stat().st_mtime_ns + 10**9))
 
     again = run_cli(["batch", archive, "--out", out, *BATCH], ray_env, tmp_path, timeout=DEADLINE_S)
+    assert f"done again: {replaced}" in again.stderr, again.stderr
 
     assert again.rc == 1, again.stderr
     last = again.stderr.strip().splitlines()[-1]
@@ -162,7 +167,7 @@ def test_batch_killed_then_resumed_does_each_video_once(archive: Path, ray_env: 
         assert sorted(p.name for p in folder.iterdir()) == sorted([DONE, KEYPOINTS, VIDEO]), f"{name}: leftovers"
         marker = after[name]
         assert marker["status"] == "done" and marker["frames"] == frames
-        if name in before:  # complete before the kill: skipped, not produced again
+        if name in before and name != replaced:  # complete before the kill: skipped, not produced again
             assert summary[name]["status"] == "skipped"
             for key in ("run_id", "mtime", "keypoints_mtime"):
                 assert marker[key] == before[name][key], f"{name}: {key} changed, the rerun redid it"

@@ -11,8 +11,8 @@ folder ``DIR/<video_id>/``:
 
 Outputs are written under hidden temporary names and renamed into place once whole, then the
 marker; files starting with a dot are temporaries, and the next run that takes the video removes
-them. A rerun of the same command skips the videos that have a DONE.json (before any actor
-starts) and does the others, so an interrupted or crashed run resumes where it stopped. A
+them. A rerun of the same command skips the videos that have a DONE.json made from the same file
+and settings (its fingerprint; before any actor starts) and does the others, so an interrupted or crashed run resumes where it stopped. A
 summary of every input is printed and written to ``DIR/summary.jsonl``.
 """
 
@@ -44,6 +44,7 @@ from .archive_files import (
     Item,
     clear_partials,
     completed,
+    fingerprint,
     from_marker,
     fsync_path,
     list_inputs,
@@ -105,7 +106,8 @@ def process_video(cfg: RunConfig, stages: Stages, item: Item, out: Path, run_id:
     from pipeline.cli import one_line
 
     folder = out / item.video_id
-    marker = completed(folder)
+    made_from = fingerprint(item, dataclasses.asdict(cfg))
+    marker = completed(folder, made_from)
     if marker is not None:  # a retried task whose first try finished before its worker died
         return from_marker(item, marker, run_id)
     started = time.time()
@@ -126,7 +128,7 @@ def process_video(cfg: RunConfig, stages: Stages, item: Item, out: Path, run_id:
         return row
     finished = time.time()
     row = outcome(item, "done", run_id, frames, finished - started, started=started, finished=finished)
-    marker = {**row, "outputs": [KEYPOINTS, VIDEO], "tasks": list(cfg.tasks),
+    marker = {**row, "outputs": [KEYPOINTS, VIDEO], "tasks": list(cfg.tasks), "fingerprint": made_from,
               "random_weights": bool(stages.random_weights), "worker": f"{socket.gethostname()}:{os.getpid()}"}
     write_atomic(folder / DONE, json.dumps(marker) + "\n")
     return row
@@ -211,10 +213,17 @@ def cmd_batch(args: argparse.Namespace) -> int:
     logging.getLogger().setLevel(cfg.log_level.upper())
     run_id = time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
     rows: dict[str, dict[str, Any]] = {}
+    settings = dataclasses.asdict(cfg)
+    changed = []
     for item in items:
-        marker = completed(out / item.video_id)
+        marker = completed(out / item.video_id, fingerprint(item, settings))
         if marker is not None:
             rows[item.video_id] = from_marker(item, marker, run_id)
+        elif completed(out / item.video_id) is not None:
+            changed.append(item.video_id)
+    if changed:
+        log.warning("batch: %d video(s) done before from another file or other settings are done again: %s",
+                    len(changed), ", ".join(changed[:8]) + (" ..." if len(changed) > 8 else ""))
     todo = [item for item in items if item.video_id not in rows]
     log.info("batch %s: %d inputs, %d complete from before, %d to do", run_id, len(items), len(rows), len(todo))
     if todo and address is None:

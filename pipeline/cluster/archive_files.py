@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import glob
+import hashlib
 import json
 import os
 import tempfile
@@ -123,15 +124,40 @@ def prepare_out(out: str) -> Path:
     return path
 
 
-def completed(folder: Path) -> dict[str, Any] | None:
-    """The DONE.json of a video whose outputs are complete, else None."""
+def completed(folder: Path, fingerprint: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The DONE.json of a video whose outputs are complete, else None; with ``fingerprint``, only
+    when they were made from the same input file and settings (a marker from before fingerprints
+    were kept counts as the same)."""
     try:
         marker = json.loads((folder / DONE).read_text())
     except (OSError, ValueError):
         return None
     if not isinstance(marker, dict) or marker.get("status") != "done":
         return None
+    if fingerprint is not None and marker.get("fingerprint", fingerprint) != fingerprint:
+        return None
     return marker if all((folder / name).is_file() for name in (KEYPOINTS, VIDEO)) else None
+
+
+# Settings that change nothing in the outputs (where and how fast it runs, what else is served).
+UNCHANGING = frozenset({"device", "attention", "channels_last", "compile", "fuse_qkv", "pose_buckets", "gpu_jpeg",
+                        "log_level", "progress", "show", "metrics", "view", "view_token", "control", "publish",
+                        "publish_connect", "curve_dir", "curve_client", "fallback_tiny"})
+
+
+def fingerprint(item: Item, settings: dict[str, Any]) -> dict[str, Any]:
+    """What a video's outputs were made from: the input file (path, size, modification time) and a
+    hash of the run settings that shape them; kept in DONE.json, so a rerun redoes a video whose
+    file or settings changed instead of skipping it."""
+    path = Path(item.path)
+    try:
+        stat = path.stat()
+        size, mtime_ns = stat.st_size, stat.st_mtime_ns
+    except OSError:
+        size = mtime_ns = None
+    shaping = {k: v for k, v in sorted(settings.items()) if k not in UNCHANGING}
+    digest = hashlib.sha256(json.dumps(shaping, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return {"input": str(path.resolve()), "size": size, "mtime_ns": mtime_ns, "settings": digest}
 
 
 def clear_partials(folder: Path) -> None:
