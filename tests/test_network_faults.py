@@ -551,6 +551,23 @@ def test_broker_logs_a_refused_curve_client_as_a_warning(tmp_path: Path) -> None
     assert warned and public in warned[0], err
 
 
+def test_broker_logs_a_client_without_curve_keys_as_a_warning(tmp_path: Path) -> None:
+    """A subscriber with no keys at all fails the handshake before any key is checked (the ZAP
+    callback never runs): the broker's socket monitor still says so, at warning level."""
+    keys = tmp_path / "keys"
+    ran = subprocess.run([*CLI, "keys", keys], capture_output=True, text=True, timeout=60)
+    assert ran.returncode == 0, ran.stderr
+    broker, _, xpub = _broker(["--xsub", "tcp://127.0.0.1:0", "--xpub", "tcp://127.0.0.1:0", "--curve-dir", keys])
+    try:
+        sub = _start(["subscribe", "--endpoint", xpub, "--timeout", "2"])
+        sub.communicate(timeout=60)
+    finally:
+        err = _stop(broker)
+    assert sub.returncode == 3
+    warned = [line for line in err.splitlines() if line.startswith("WARNING") and "CURVE handshake" in line]
+    assert warned and "subscriber" in warned[0], err
+
+
 def test_publishing_to_a_broker_that_is_not_there_says_so(monkeypatch: pytest.MonkeyPatch, caplog) -> None:
     """--publish-connect to an endpoint where no broker runs: ZeroMQ retries silently and nothing is
     published, so the pipeline says so once (it logged "publishing ... (connected to a broker)" and

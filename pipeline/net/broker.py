@@ -8,22 +8,32 @@ in topics and headers keep the streams apart.
 Endpoints are checked before any socket sees them (a port out of range or a missing ``tcp://`` is
 one BrokerError, never a random port or "Invalid argument"); binding a non-loopback address
 without CURVE logs a warning; with CURVE, a client whose key is not authorised is refused and
-logged as a warning (a ZAP callback that re-reads ``authorized/``, so added clients need no restart).
+logged as a warning (a ZAP callback that re-reads ``authorized/``, so added clients need no restart),
+and so is a handshake that fails before any key is checked (a client with no CURVE keys, or with
+another server's public key), which a socket monitor sees.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
+from zmq.utils.monitor import recv_monitor_message
 
 from sapiens2_client.endpoints import check_endpoint, is_loopback
 from sapiens2_client.keys import CurveKeyring, CurveServerKeys
 from sapiens2_client.wire import BROKER_XPUB, BROKER_XSUB
 
 log = logging.getLogger(__name__)
+_HANDSHAKE_FAILED = {
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "failed",
+    zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "failed (protocol: a client without CURVE keys, or with another server's "
+                                         "public key?)",
+}
+_WARN_EVERY_S = 10.0
 
 
 class BrokerError(RuntimeError):
@@ -71,6 +81,15 @@ class Broker:
                 curve.authorized_dir, server="broker"))
             curve.apply(self._xsub)
             curve.apply(self._xpub)
+        self._monitors: list[tuple[str, zmq.Socket]] = []
+        self._watching = threading.Event()
+        self._watcher: threading.Thread | None = None
+        if curve is not None:
+            events = sum(_HANDSHAKE_FAILED)
+            self._monitors = [("publisher", self._xsub.get_monitor_socket(events)),
+                              ("subscriber", self._xpub.get_monitor_socket(events))]
+            self._watcher = threading.Thread(target=self._watch_handshakes, name="broker-handshakes", daemon=True)
+            self._watcher.start()
         try:
             self._xsub.bind(xsub)
             self._xpub.bind(xpub)
@@ -107,10 +126,42 @@ class Broker:
         self._thread.start()
         return self
 
+    def _watch_handshakes(self) -> None:
+        """Log failed CURVE handshakes on either side at warning level (rate-limited: a misconfigured
+        client retries every few hundred milliseconds); the monitors close when the broker stops."""
+        poller = zmq.Poller()
+        for _, monitor in self._monitors:
+            poller.register(monitor, zmq.POLLIN)
+        side_of = {monitor: side for side, monitor in self._monitors}
+        warned_at, since = 0.0, 0
+        try:
+            while not self._watching.is_set():
+                for monitor, _ in poller.poll(200):
+                    event = recv_monitor_message(monitor)
+                    what = _HANDSHAKE_FAILED.get(event["event"])
+                    if what is None:
+                        continue
+                    now = time.monotonic()
+                    if now - warned_at < _WARN_EVERY_S:
+                        since += 1
+                        continue
+                    more = f" ({since} more since the last warning)" if since else ""
+                    log.warning("broker: a %s's CURVE handshake %s%s", side_of[monitor], what, more)
+                    warned_at, since = now, 0
+        finally:
+            for _, monitor in self._monitors:
+                monitor.close(linger=0)
+
+    def _stop_watching(self) -> None:
+        self._watching.set()
+        if self._watcher is not None:
+            self._watcher.join(timeout=5)
+
     def stop(self, timeout_s: float = 5.0) -> None:
         """Ask the proxy to terminate, wait for it (bounded), release the context."""
         if self._stopper.closed:
             return
+        self._stop_watching()
         self._stopper.send(b"TERMINATE")
         if self._thread is not None:
             self._thread.join(timeout=timeout_s)
@@ -130,6 +181,7 @@ class Broker:
         self.stop()
 
     def _close_sockets(self) -> None:
+        self._stop_watching()
         for s in (self._xsub, self._xpub, self._control, self._stopper):
             s.close(linger=0)
         if self._auth is not None:
