@@ -39,7 +39,7 @@ def make_result(i: int, n: int = 2, h: int = H, w: int = W, noise: bool = False)
     alpha = rng.random((h, w), dtype=np.float32)
     return FrameResult(frame, det, kp, seg=rng.integers(0, 29, (h, w), dtype=np.uint8),
                        matte=Matte(alpha, np.zeros((h, w, 3), np.float32)), annotated=image.copy(),
-                       latency_ms={"det": 1.25, "pose": 4.5}, drops={"capture": i}, random_weights=True)
+                       latency_ms={"detect": 1.25, "pose": 4.5}, drops={"source": i}, random_weights=True)
 
 
 def open_pub(source: str = "cam0", **kw: object) -> ZmqPublisher:
@@ -86,7 +86,7 @@ def test_round_trip_every_field(pub: ZmqPublisher) -> None:
             meta = msg.meta
             assert (meta.source_id, meta.frame_index, meta.pts, meta.time_base, meta.capture_ns) == (
                 "cam0", r.frame.index, r.frame.pts, r.frame.time_base, r.frame.capture_ns)
-            assert meta.latency_ms == r.latency_ms and meta.drops == {"capture": r.frame.index}
+            assert meta.latency_ms == r.latency_ms and meta.drops == {"source": r.frame.index}
             assert (meta.width, meta.height, meta.random_weights) == (W, H, True)
             assert msg.header["publish_ns"] >= r.frame.capture_ns
         assert np.array_equal(k.keypoints, r.keypoints.xy) and np.array_equal(k.keypoint_scores, r.keypoints.scores)
