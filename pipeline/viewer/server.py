@@ -29,6 +29,7 @@ Security: loopback by default; another address is warned about, and with a token
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import hmac
 import json
@@ -167,7 +168,11 @@ class ViewServer:
     def close(self) -> None:
         loop = self._service.loop
         if loop.is_running():
-            asyncio.run_coroutine_threadsafe(self._shutdown(), loop).result(timeout=10)
+            try:
+                asyncio.run_coroutine_threadsafe(self._shutdown(), loop).result(timeout=10)
+            except (concurrent.futures.CancelledError, concurrent.futures.TimeoutError) as exc:
+                log.warning("viewer: closing the browsers' connections did not finish (%s); stopping anyway",
+                            type(exc).__name__)
         self._service.stop()
 
     # -- the app ----------------------------------------------------------------------------
@@ -332,8 +337,13 @@ class ViewServer:
         for client in clients:
             await _stop_task(client.sender)
         for client in clients:
-            with contextlib.suppress(asyncio.TimeoutError, ConnectionError, RuntimeError):
+            try:
                 await asyncio.wait_for(client.ws.close(), CLOSE_TIMEOUT_S)
+            except (asyncio.TimeoutError, ConnectionError, RuntimeError):
+                pass
+            except asyncio.CancelledError:  # aiohttp's close raises it when the page's handler ends first
+                if asyncio.current_task().cancelling():
+                    raise  # this shutdown itself was cancelled
         await _stop_task(self._reader)
         if self._sock is not None:
             self._sock.close(linger=0)
