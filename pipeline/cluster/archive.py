@@ -12,8 +12,9 @@ folder ``DIR/<video_id>/``:
 Outputs are written under hidden temporary names and renamed into place once whole, then the
 marker; files starting with a dot are temporaries, and the next run that takes the video removes
 them. A rerun of the same command skips the videos that have a DONE.json made from the same file
-and settings (its fingerprint; before any actor starts) and does the others, so an interrupted or crashed run resumes where it stopped. A
-summary of every input is printed and written to ``DIR/summary.jsonl``.
+and settings (its fingerprint; before any actor starts) and does the others, so an interrupted or
+crashed run resumes where it stopped. A summary of every input is printed and written to
+``DIR/summary.jsonl``.
 """
 
 from __future__ import annotations

@@ -75,4 +75,50 @@ export function checkStatusFields(header) {
   optional(header, "nominal_fps", (v) => v === null || isNumber(v), "a finite number or nil");
   for (const key of ["width", "height"]) optional(header, key, dimension, "a non-negative integer");
   for (const key of ["live", "random_weights"]) optional(header, key, isBool, "a boolean");
+  if (has(header, "event")) checkEvent(header.event);
+}
+
+const nonNegative = (v) => isNumber(v) && toNumber(v) >= 0;
+
+/** The fields of a status `event` map and what each must be (Python's `wire._EVENT_FIELDS`). */
+const EVENT_FIELDS = {
+  event: [(v) => typeof v === "string" && [...v].length > 0 && [...v].length <= 64, "a short string"],
+  time_ns: [(v) => isInt(v, 0n, UINT64_MAX), "an unsigned integer"],
+  session: [(v) => isInt(v), "a non-negative integer"],
+  last_frame: [(v) => isInt(v, -1n), "an integer >= -1"],
+  first_frame: [(v) => isInt(v), "a non-negative integer"],
+  silent_s: [nonNegative, "a non-negative number"],
+  outage_s: [nonNegative, "a non-negative number"],
+  reason: [(v) => typeof v === "string", "a string"],
+};
+
+/** Plain data with no bytes anywhere, maps keyed by strings (Python's `wire._json_value`). */
+function jsonValue(value) {
+  const todo = [value];
+  while (todo.length) {
+    const item = todo.pop();
+    if (item instanceof Uint8Array) return false;
+    if (Array.isArray(item)) todo.push(...item);
+    else if (isMap(item)) {
+      for (const [key, child] of Object.entries(item)) {
+        if (!isStrKey(key)) return false;
+        todo.push(child);
+      }
+    }
+  }
+  return true;
+}
+
+/** A status `event` map: an event name, every documented field typed, the rest plain data. */
+function checkEvent(event) {
+  if (!isMap(event) || !has(event, "event")) {
+    throw new WireError(`event must be a map with an event name, got ${show(event)}`);
+  }
+  for (const [key, value] of Object.entries(event)) {
+    const [check, what] = Object.prototype.hasOwnProperty.call(EVENT_FIELDS, key) ? EVENT_FIELDS[key]
+      : [jsonValue, "plain data (no bytes)"];
+    if (!isStrKey(key) || !check(value)) {
+      throw new WireError(`event field ${show(key)} must be ${what}, got ${show(value)}`);
+    }
+  }
 }

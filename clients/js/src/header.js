@@ -9,7 +9,7 @@ import { Decoder } from "@msgpack/msgpack";
 
 import { WireError } from "./errors.js";
 import { parseJson } from "./json.js";
-import { BYTES_KEY, PROTO_KEY, WireFloat, depth, isMap } from "./values.js";
+import { BYTES_KEY, PROTO_KEY, WireFloat, depth, holdsLoneSurrogate, isMap } from "./values.js";
 
 const strictUtf8 = new TextDecoder("utf-8", { fatal: true, ignoreBOM: true });
 
@@ -91,6 +91,9 @@ export function loadHeader(data, limits) {
   }
   if (depth(header, limits.maxHeaderDepth + 1) > limits.maxHeaderDepth) {
     throw new WireError(`header is nested deeper than ${limits.maxHeaderDepth} levels`, "header");
+  }
+  if (holdsLoneSurrogate(header)) {
+    throw new WireError("header holds a string that is not valid Unicode (a lone surrogate)", "header");
   }
   return header;
 }

@@ -101,6 +101,39 @@ export function depth(value, stop) {
   return deepest;
 }
 
+const LONE_SURROGATE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/;
+
+/** Whether a string cannot be written as UTF-8 (it holds a lone surrogate, as JSON's "\ud800" gives). */
+function notUnicode(text) {
+  return LONE_SURROGATE.test(text);
+}
+
+/**
+ * Python's header walk (`wire._depth`): true when a string anywhere (map keys included) is not
+ * valid Unicode. Marker keys (values.js) are this module's own and stand for valid keys, except an
+ * escaped JSON key, whose original began with a lone surrogate.
+ */
+export function holdsLoneSurrogate(value) {
+  const todo = [value];
+  while (todo.length) {
+    const item = todo.pop();
+    if (typeof item === "string") {
+      if (notUnicode(item)) return true;
+    } else if (Array.isArray(item)) {
+      todo.push(...item);
+    } else if (isMap(item)) {
+      for (const [key, child] of Object.entries(item)) {
+        if (key.startsWith(ESCAPE_KEY) && notUnicode(key.slice(1))) return true;
+        if (key !== PROTO_KEY && !key.startsWith(BYTES_KEY) && !key.startsWith(ESCAPE_KEY) && notUnicode(key)) {
+          return true;
+        }
+        todo.push(child);
+      }
+    }
+  }
+  return false;
+}
+
 /** Set `obj[key] = value` as an own property, also for the key `__proto__`. */
 export function define(obj, key, value) {
   Object.defineProperty(obj, key, { value, enumerable: true, writable: true, configurable: true });

@@ -67,6 +67,30 @@ function depth(value, stop) {
   }
   return deepest;
 }
+var LONE_SURROGATE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/;
+function notUnicode(text) {
+  return LONE_SURROGATE.test(text);
+}
+function holdsLoneSurrogate(value) {
+  const todo = [value];
+  while (todo.length) {
+    const item = todo.pop();
+    if (typeof item === "string") {
+      if (notUnicode(item)) return true;
+    } else if (Array.isArray(item)) {
+      todo.push(...item);
+    } else if (isMap(item)) {
+      for (const [key, child] of Object.entries(item)) {
+        if (key.startsWith(ESCAPE_KEY) && notUnicode(key.slice(1))) return true;
+        if (key !== PROTO_KEY && !key.startsWith(BYTES_KEY) && !key.startsWith(ESCAPE_KEY) && notUnicode(key)) {
+          return true;
+        }
+        todo.push(child);
+      }
+    }
+  }
+  return false;
+}
 function define(obj, key, value) {
   Object.defineProperty(obj, key, { value, enumerable: true, writable: true, configurable: true });
 }
@@ -184,6 +208,44 @@ function checkStatusFields(header) {
   optional(header, "nominal_fps", (v) => v === null || isNumber(v), "a finite number or nil");
   for (const key of ["width", "height"]) optional(header, key, dimension, "a non-negative integer");
   for (const key of ["live", "random_weights"]) optional(header, key, isBool, "a boolean");
+  if (has(header, "event")) checkEvent(header.event);
+}
+var nonNegative = (v) => isNumber(v) && toNumber(v) >= 0;
+var EVENT_FIELDS = {
+  event: [(v) => typeof v === "string" && [...v].length > 0 && [...v].length <= 64, "a short string"],
+  time_ns: [(v) => isInt(v, 0n, UINT64_MAX), "an unsigned integer"],
+  session: [(v) => isInt(v), "a non-negative integer"],
+  last_frame: [(v) => isInt(v, -1n), "an integer >= -1"],
+  first_frame: [(v) => isInt(v), "a non-negative integer"],
+  silent_s: [nonNegative, "a non-negative number"],
+  outage_s: [nonNegative, "a non-negative number"],
+  reason: [(v) => typeof v === "string", "a string"]
+};
+function jsonValue(value) {
+  const todo = [value];
+  while (todo.length) {
+    const item = todo.pop();
+    if (item instanceof Uint8Array) return false;
+    if (Array.isArray(item)) todo.push(...item);
+    else if (isMap(item)) {
+      for (const [key, child] of Object.entries(item)) {
+        if (!isStrKey(key)) return false;
+        todo.push(child);
+      }
+    }
+  }
+  return true;
+}
+function checkEvent(event) {
+  if (!isMap(event) || !has(event, "event")) {
+    throw new WireError(`event must be a map with an event name, got ${show(event)}`);
+  }
+  for (const [key, value] of Object.entries(event)) {
+    const [check, what] = Object.prototype.hasOwnProperty.call(EVENT_FIELDS, key) ? EVENT_FIELDS[key] : [jsonValue, "plain data (no bytes)"];
+    if (!isStrKey(key) || !check(value)) {
+      throw new WireError(`event field ${show(key)} must be ${what}, got ${show(value)}`);
+    }
+  }
 }
 
 // node_modules/@msgpack/msgpack/dist.esm/utils/utf8.mjs
@@ -1346,6 +1408,9 @@ function loadHeader(data, limits) {
   }
   if (depth(header, limits.maxHeaderDepth + 1) > limits.maxHeaderDepth) {
     throw new WireError(`header is nested deeper than ${limits.maxHeaderDepth} levels`, "header");
+  }
+  if (holdsLoneSurrogate(header)) {
+    throw new WireError("header holds a string that is not valid Unicode (a lone surrogate)", "header");
   }
   return header;
 }
