@@ -23,7 +23,7 @@ from stages.metadata import load_metadata
 from stages.smoothing import KeypointSmoother
 from stages.types import FrameResult
 
-from .config import ConfigError, RunConfig, SourceSpec
+from .config import ConfigError, RunConfig
 from .engine import FrameEngine
 from .metrics import MetricsSink, PipelineMetrics
 from .preflight import expand, matte_background, preflight
@@ -34,6 +34,7 @@ from .sinks.preview import PreviewWindow
 from .sinks.publisher import ZmqPublisher, curve_for
 from .sinks.recorder import RecorderError, VideoRecorder
 from .sources import Source, SourceError, open_source
+from .sourcespecs import SourceSpec
 from .stages_setup import Stages, build_stages, pick_device
 from .terminal import progress_bar
 

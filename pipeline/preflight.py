@@ -17,7 +17,8 @@ import numpy as np
 from sapiens2_client.jsonl import JsonlError, LineWriter
 from sapiens2_client.video import RECORD_SUFFIXES
 
-from .config import ConfigError, RunConfig, SourceSpec
+from .config import ConfigError, RunConfig
+from .sourcespecs import SourceSpec
 
 # what Ultralytics loads as a detector (weights, its exports, or an architecture with random weights)
 DETECTOR_SUFFIXES = (".pt", ".yaml", ".yml", ".onnx", ".torchscript", ".engine", ".mlpackage", ".tflite")

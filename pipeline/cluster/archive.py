@@ -266,8 +266,9 @@ def batch_config(args: argparse.Namespace) -> RunConfig:
     """The run config of every video: YAML and flags, with the keys batch sets itself cleared (from
     the YAML file they are ignored, with one warning), checked as far as it can be without models."""
     from pipeline.cli import overrides_from
-    from pipeline.config import FIELDS, SourceSpec, load_config
+    from pipeline.config import FIELDS, load_config
     from pipeline.preflight import preflight
+    from pipeline.sourcespecs import SourceSpec
 
     cfg = load_config(args.config, overrides_from(args))
     defaults = {key: FIELDS[key].default_factory() if FIELDS[key].default_factory is not dataclasses.MISSING

@@ -83,8 +83,8 @@ class GpuWorker:
     def add(self, camera: dict[str, Any]) -> dict[str, Any]:
         """Open a camera and batch it in; {"ok": False, "error": ...} when it does not open."""
         from ..app import open_spec
-        from ..config import SourceSpec
         from ..sources import SourceError
+        from ..sourcespecs import SourceSpec
 
         cam = Camera(**camera)
         if cam.id in self.runner.sources:

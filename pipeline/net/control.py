@@ -25,8 +25,9 @@ import zmq
 
 from sapiens2_client.endpoints import is_loopback
 
-from ..config import ConfigError, SourceSpec, check_source_name, split_source
+from ..config import ConfigError
 from ..sources import Source, SourceError
+from ..sourcespecs import SourceSpec, check_source_name, split_source
 
 log = logging.getLogger(__name__)
 MAX_REQUEST_BYTES = 64 * 1024
