@@ -237,9 +237,14 @@ def test_view_metrics_are_the_pipelines_figures(streams: Streams) -> None:
         return scrape.get(name, {}).get(labels, 0)
 
     lobby, hall = (("source", "lobby"),), (("source", "hall"),)
-    while (has(first := _scrape(streams.metrics), "sapiens2_stage_latency_seconds_count", (("stage", "pose"),)) == 0
-           or has(first, "sapiens2_frames_total", lobby) == 0):
-        assert time.monotonic() < deadline, f"no frames counted: {first}"
+
+    def counted(scrape: dict) -> bool:  # both pipelines heard from (the second may load its models later)
+        return has(scrape, "sapiens2_stage_latency_seconds_count", (("stage", "pose"),)) > 0 and all(
+            has(scrape, "sapiens2_frames_total", source) > 0
+            and has(scrape, "sapiens2_capture_to_publish_seconds_count", source) > 0 for source in (lobby, hall))
+
+    while not counted(first := _scrape(streams.metrics)):
+        assert time.monotonic() < deadline, f"no frames counted for both sources: {first}"
         time.sleep(0.3)
     while True:
         second = _scrape(streams.metrics)
