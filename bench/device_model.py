@@ -281,7 +281,9 @@ def phase_reference(ctx: Ctx) -> None:
     config = "tiny" if ctx.smoke else "0.4b"
     ctx.say(f"\n## Our path vs the reference (transformers {transformers.__version__}), "
             f"{ctx.precision}, config {config}, frame {ctx.frame[0]}x{ctx.frame[1]}\n")
-    args = argparse.Namespace(persons=[1, 4, 8], iters=ctx.iters, warmup=3, wait_quiet=0)
+    # (the smoke run: the smallest and the largest batch, one warm-up; it checks the code path)
+    args = argparse.Namespace(persons=[1, 8] if ctx.smoke else [1, 4, 8], iters=ctx.iters,
+                              warmup=1 if ctx.smoke else 3, wait_quiet=0)
     bench = bs.Bench(args, ctx.device, ctx.dtype)
     h_in, w_in = bs.CONFIGS[config]["arch"]["image_size"]
     proc = Sapiens2ImageProcessor(size={"height": h_in, "width": w_in})
