@@ -17,7 +17,6 @@ A node is added back before each further failover (Ray restarts the lost GPU act
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import signal
@@ -36,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.failover import first_frames_after, latest_indices  # noqa: E402
 from bench.harness import dump_json, table  # noqa: E402
-from pipeline.cluster.fleet import NAMESPACE  # noqa: E402
+from pipeline.cluster.fleet import NAMESPACE, controller_name  # noqa: E402
 from pipeline.net.broker import Broker  # noqa: E402
 from sapiens2_client.messages import KeypointsMessage  # noqa: E402
 from sapiens2_client.subscriber import ReceiveTimeout, Subscriber  # noqa: E402
@@ -206,7 +205,7 @@ def main() -> None:
             fleet_cli(["up", str(folder / "two.yaml"), "--address", cluster.address, "--detach"], env, folder)
             failovers, recorded = [], 0
             for round_ in range(args.failovers):
-                status = wait_all_alive(common, env, folder)
+                status = wait_all_alive("failover")
                 victim = max(status["workers"], key=lambda w: len(w["cameras"]))
                 node = next(n for n in nodes if n.node_id == victim["node"])
                 last = latest_indices(sub, set(victim["cameras"]))
@@ -216,12 +215,13 @@ def main() -> None:
                 first = first_frames_after(sub, lost_ns, last, 300.0)
                 seen = {c: (ns - lost_ns) / 1e9 for c, ns in first.items()}
                 recorded += len(victim["cameras"])
-                status = wait_outages(common, env, folder, recorded)
+                status = wait_outages("failover", recorded)
                 reported = {o["camera"]: o["outage_s"] for o in status["outages"][: len(victim["cameras"])]}
                 failovers.append({"round": round_ + 1, "moved": len(seen), "first_frame_max_s": max(seen.values()),
                                   "first_frame_mean_s": sum(seen.values()) / len(seen),
                                   "reported_outage_max_s": max(reported.values()) if reported else None})
-                nodes.append(cluster.add_node(num_cpus=1, num_gpus=1))
+                if round_ + 1 < args.failovers:  # a node for the next round (Ray restarts the lost actor there)
+                    nodes.append(cluster.add_node(num_cpus=1, num_gpus=1))
             results["failovers"] = failovers
             fleet_cli(["down", *common], env, folder)
         finally:
@@ -241,28 +241,28 @@ def main() -> None:
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def fleet_status(common: list[str], env: dict, folder: Path) -> dict:
-    out = fleet_cli(["status", *common, "--json"], env, folder).stdout
-    lines = [line for line in out.splitlines() if line.startswith("{")]
-    if not lines:
-        raise SystemExit(f"fleet status printed no JSON: {out!r}")
-    return json.loads(lines[-1])
+def fleet_status(name: str) -> dict:
+    """What `fleet status --json` prints, asked over this driver's own Ray connection (a CLI process per
+    poll would start a Ray client each time, seconds of CPU that the fleet being measured shares)."""
+    import ray
+
+    return ray.get(ray.get_actor(controller_name(name), namespace=NAMESPACE).status.remote(), timeout=60)
 
 
-def wait_outages(common: list[str], env: dict, folder: Path, count: int) -> dict:
+def wait_outages(name: str, count: int) -> dict:
     """The fleet status once it has recorded ``count`` outages in all."""
     deadline = time.monotonic() + 120
     while True:
-        status = fleet_status(common, env, folder)
+        status = fleet_status(name)
         if len(status["outages"]) >= count or time.monotonic() > deadline:
             return status
         time.sleep(0.5)
 
 
-def wait_all_alive(common: list[str], env: dict, folder: Path) -> dict:
+def wait_all_alive(name: str) -> dict:
     deadline = time.monotonic() + 300
     while True:
-        status = fleet_status(common, env, folder)
+        status = fleet_status(name)
         if all(w["alive"] for w in status["workers"]) and all(c["status"] == "running" for c in status["cameras"]):
             return status
         if time.monotonic() > deadline:
