@@ -90,8 +90,11 @@ class Latency:
         pass
 
 
-def checkpoints(config: str, folder: Path) -> dict[str, Path]:
-    return {task: make_tiny(folder / f"{config}-{task}", task, **SIZES[config]) for task in ("pose", "seg")}
+def checkpoints(config: str, folder: Path, write: bool = True) -> dict[str, Path]:
+    """The random-init checkpoints of ``config`` in ``folder``, written first unless ``write`` is false
+    (the separate processes read the parent's: N of them writing the same files would race)."""
+    paths = {task: folder / f"{config}-{task}" for task in ("pose", "seg")}
+    return {task: Path(make_tiny(path, task, **SIZES[config])) if write else path for task, path in paths.items()}
 
 
 def run_batched(n: int, frames: int, ckpts: dict[str, Path], device: torch.device, warmup: int,
@@ -163,8 +166,8 @@ def main() -> int:
             print("ready", flush=True)
             sys.stdin.readline()
 
-        report = run_batched(1, args.frames, checkpoints(args.config, Path(args.ckpt_dir)), device, args.warmup,
-                             ready)
+        ckpts = checkpoints(args.config, Path(args.ckpt_dir), write=False)
+        report = run_batched(1, args.frames, ckpts, device, args.warmup, ready)
         print(json.dumps(report), flush=True)
         return 0
     counts = [int(n) for n in args.sources.split(",")]
