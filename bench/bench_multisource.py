@@ -2,7 +2,7 @@
 the same N sources in N separate processes (each loading its own models), on this machine.
 
     .venv/bin/python bench/bench_multisource.py                      # tiny models, CPU
-    .venv/bin/python bench/bench_multisource.py --config medium      # bench_stages' medium size
+    .venv/bin/python bench/bench_multisource.py --config medium      # D=256, 8 layers, 512x384 input
     .venv/bin/python bench/bench_multisource.py --device cuda --config 0.4b   # on a GPU
 
 Each source is a file-like stream of prepared frames (no decoding), one person per frame (a fixed
@@ -133,12 +133,19 @@ def run_separate(n: int, args: argparse.Namespace, folder: Path) -> dict:
                "--device", args.device, "--warmup", str(args.warmup), "--threads", str(args.threads),
                "--ckpt-dir", str(folder)]
     procs = [subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for _ in range(n)]
-    for p in procs:  # every process has loaded its models and warmed up ...
-        assert p.stdout.readline().strip() == "ready"
-    for p in procs:  # ... then all start together
-        p.stdin.write("go\n")
-        p.stdin.flush()
-    reports = [json.loads(p.communicate(timeout=3600)[0].strip().splitlines()[-1]) for p in procs]
+    try:
+        for p in procs:  # every process has loaded its models and warmed up ...
+            if p.stdout.readline().strip() != "ready":
+                raise SystemExit(f"a separate process failed before its run (exit {p.wait(60)}); its error is above")
+        for p in procs:  # ... then all start together
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        reports = [json.loads(p.communicate(timeout=3600)[0].strip().splitlines()[-1]) for p in procs]
+    finally:  # one that failed ends the others (they would wait for "go" on a pipe nobody writes)
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     elapsed = max(r["end"] for r in reports) - min(r["start"] for r in reports)
     return {"fps": sum(r["fps"] for r in reports), "fps_wall": n * args.frames / elapsed,
             "p50_ms": float(np.mean([r["p50_ms"] for r in reports])),
