@@ -9,13 +9,11 @@ JS_STAMP := $(JS)/node_modules/.installed
 
 .PHONY: demo test test-python test-js install bench vectors clean
 
-# --no-compile: Python compiles (and caches) only the modules a run imports, not every file of torch,
-# Ray and the rest at install time (about 80 s of a fresh install here).
 $(STAMP): pyproject.toml clients/python/pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q --no-compile -c constraints.txt torch torchvision
-	$(PY) -m pip install -q --no-compile -c constraints.txt -e './clients/python[test,images]' -e '.[test,cluster]'
+	$(PY) -m pip install -q -c constraints.txt torch torchvision
+	$(PY) -m pip install -q -c constraints.txt -e './clients/python[test,images]' -e '.[test,cluster]'
 	touch $(STAMP)
 
 $(JS_STAMP): $(JS)/package.json $(JS)/package-lock.json

@@ -25,7 +25,7 @@ def client_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     venv.create(folder, with_pip=True, system_site_packages=False)
     python = folder / "bin" / "python"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
-    ran = subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-compile", "--disable-pip-version-check",
+    ran = subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check",
                           f"{REPO / 'clients' / 'python'}[test,images]"], capture_output=True, text=True, timeout=540,
                          env=env)
     assert ran.returncode == 0, ran.stderr
