@@ -5,11 +5,13 @@ replaced, and a subscriber that waits for nothing."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from fractions import Fraction
 from pathlib import Path
 
@@ -49,6 +51,21 @@ def _rogue() -> tuple[zmq.Context, zmq.Socket, str]:
     return ctx, sock, sock.getsockopt_string(zmq.LAST_ENDPOINT)
 
 
+@contextlib.contextmanager
+def _subscribed_to_rogue(*args: object) -> Iterator[tuple[zmq.Socket, subprocess.Popen]]:
+    """A rogue publisher and ``sapiens2-stream subscribe --endpoint ITS_ENDPOINT *args`` on it; on
+    leaving, the subscriber is killed if it still runs and the publisher is closed."""
+    ctx, sock, endpoint = _rogue()
+    proc = _start(["subscribe", "--endpoint", endpoint, *args])
+    try:
+        yield sock, proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        sock.close()
+        ctx.term()
+
+
 def _until_joined(sock: zmq.Socket, proc: subprocess.Popen, marker: list[bytes]) -> None:
     """Send ``marker`` until the subscriber process prints something (slow-joiner safe)."""
     import select
@@ -63,9 +80,7 @@ def _until_joined(sock: zmq.Socket, proc: subprocess.Popen, marker: list[bytes])
 
 
 def test_subscriber_cli_survives_every_malformed_message() -> None:
-    ctx, sock, endpoint = _rogue()
-    proc = _start(["subscribe", "--endpoint", endpoint, "--topic", "", "--json", "--count", "3", "--timeout", "30"])
-    try:
+    with _subscribed_to_rogue("--topic", "", "--json", "--count", "3", "--timeout", "30") as (sock, proc):
         _until_joined(sock, proc, GOOD_STATUS)
         for frames in BAD.values():
             sock.send_multipart(frames)
@@ -73,11 +88,6 @@ def test_subscriber_cli_survives_every_malformed_message() -> None:
             sock.send_multipart(GOOD_STATUS)
             time.sleep(0.01)
         out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        sock.close()
-        ctx.term()
     assert proc.returncode == 0, err
     lines = [json.loads(line) for line in out.splitlines()]  # strict JSON: never NaN
     assert len(lines) == 3 and all(line["topic"] == "status.cam0" for line in lines)
@@ -321,26 +331,18 @@ def _result(i: int) -> FrameResult:
 
 def test_json_header_and_msgpack_header_rogue_fields_never_print_nan() -> None:
     """A header field holding NaN (legal in msgpack) must not reach --json output as NaN."""
-    ctx, sock, endpoint = _rogue()
     header = msgpack.unpackb(GOOD_STATUS[1])
     header["uptime_s"] = float("nan")  # refused (not finite)
     nan_status = [GOOD_STATUS[0], msgpack.packb(header)]
     header = msgpack.unpackb(GOOD_STATUS[1])
     header["unknown_future_key"] = float("nan")  # ignored (unknown keys are not printed)
     unknown = [GOOD_STATUS[0], msgpack.packb(header)]
-    proc = _start(["subscribe", "--endpoint", endpoint, "--topic", "status", "--json", "--count", "2",
-                   "--timeout", "30"])
-    try:
+    with _subscribed_to_rogue("--topic", "status", "--json", "--count", "2", "--timeout", "30") as (sock, proc):
         _until_joined(sock, proc, unknown)
         sock.send_multipart(nan_status)
         for _ in range(10):
             sock.send_multipart(unknown)
         out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        sock.close()
-        ctx.term()
     assert proc.returncode == 0, err
     assert "NaN" not in out and all(json.loads(line) for line in out.splitlines())
 
@@ -358,7 +360,6 @@ def _with_header(frames: list[bytes], json_header: bool = False, **fields) -> li
 
 @pytest.mark.parametrize("mode", [["--json"], [], ["--save-keypoints", "{tmp}/out.jsonl"]])
 def test_status_events_holding_bytes_and_lone_surrogates_never_crash_the_cli(tmp_path: Path, mode: list) -> None:
-    ctx, sock, endpoint = _rogue()
     good = _status(event={"event": "resumed", "time_ns": 5, "session": 1, "outage_s": 0.5, "first_frame": 3})
     hostile = [_with_header(good, event={"event": "stalled", "time_ns": b"\x01"}),
                _with_header(good, event={"event": "stalled", "detail": [1, b"\x00\xff"]}),
@@ -367,8 +368,7 @@ def test_status_events_holding_bytes_and_lone_surrogates_never_crash_the_cli(tmp
                _with_header(good, True, health="\ud800"),
                _with_header(good, True, event={"event": "stalled", "reason": "\udfff"})]
     args = [str(a).format(tmp=tmp_path) for a in mode]
-    proc = _start(["subscribe", "--endpoint", endpoint, "--topic", "status", *args, "--count", "3", "--timeout", "30"])
-    try:
+    with _subscribed_to_rogue("--topic", "status", *args, "--count", "3", "--timeout", "30") as (sock, proc):
         if "--save-keypoints" in mode:
             time.sleep(1.0)  # nothing is printed to wait for: give the slow joiner a moment, then repeat below
         else:
@@ -379,11 +379,6 @@ def test_status_events_holding_bytes_and_lone_surrogates_never_crash_the_cli(tmp
             sock.send_multipart(good)
             time.sleep(0.05)
         out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        sock.close()
-        ctx.term()
     assert proc.returncode == 0 and "Traceback" not in err, err
     if "--json" in mode:
         lines = [json.loads(line) for line in out.splitlines()]
@@ -446,20 +441,13 @@ def test_subscribe_accepts_an_output_folder_it_will_create(tmp_path: Path) -> No
 
 
 def test_timeout_after_only_refused_messages_says_what_arrived(tmp_path: Path) -> None:
-    ctx, sock, endpoint = _rogue()
     other_version = _with_header(GOOD_STATUS, version=41)
-    proc = _start(["subscribe", "--endpoint", endpoint, "--topic", "status", "--timeout", "2"])
-    try:
+    with _subscribed_to_rogue("--topic", "status", "--timeout", "2") as (sock, proc):
         deadline = time.monotonic() + 60
         while proc.poll() is None and time.monotonic() < deadline:
             sock.send_multipart(other_version)
             time.sleep(0.02)  # pacing, not a wait for a result
         _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        sock.close()
-        ctx.term()
     last = err.strip().splitlines()[-1]
     assert proc.returncode == 3, err
     assert "arrived" in last and "version" in last and "another schema version" in last, last
@@ -476,18 +464,11 @@ def _keypoints(index: int) -> list[bytes]:
 
 
 def test_missed_counts_real_gaps_not_a_hostile_frame_index() -> None:
-    ctx, sock, endpoint = _rogue()
-    proc = _start(["subscribe", "--endpoint", endpoint, "--topic", "", "--timeout", "2"])
-    try:
+    with _subscribed_to_rogue("--topic", "", "--timeout", "2") as (sock, proc):
         _until_joined(sock, proc, GOOD_STATUS)
         for index in [0, 2**63 - 1, 0, 2**63 - 1, 0, 2**20 + 10, 0, 1, 2, 5]:  # restarts, then 3 and 4 missed
             sock.send_multipart(_keypoints(index))
         out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        sock.close()
-        ctx.term()
     assert proc.returncode == 0, err
     assert [line.split()[1] for line in out.splitlines() if line.startswith("keypoints")][-3:] == ["#1", "#2", "#5"]
     assert "missed 2," in err or err.rstrip().endswith("missed 2"), err
