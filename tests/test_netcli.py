@@ -6,6 +6,7 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 import time
 from fractions import Fraction
 from pathlib import Path
@@ -63,13 +64,21 @@ def test_subscribe_prints_jsonl(pub: ZmqPublisher) -> None:
 
 def test_subscribe_records_frames_and_stops_on_sigterm(pub: ZmqPublisher, tmp_path: Path) -> None:
     out_file = tmp_path / "out.mp4"
-    proc = _cli("subscribe", "--endpoint", pub.endpoint, "--record", str(out_file))
+    # Frames are recorded, and printed too since the topic is named: stop once all ten of each are in.
+    proc = _cli("subscribe", "--endpoint", pub.endpoint, "--record", str(out_file), "--topic", "keypoints",
+                "--topic", "frame")
     _feed(pub, proc, "frame.cam0", 10)
-    time.sleep(0.3)
+    killer = threading.Timer(60, proc.kill)  # a hang ends the test instead of blocking it
+    killer.start()
+    try:
+        lines = [proc.stdout.readline() for _ in range(20)]
+    finally:
+        killer.cancel()
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=15)
     assert proc.returncode == 0, err
-    assert len(out.splitlines()) == 10  # one keypoints line per frame; frames are recorded, not printed
+    assert sorted(x.split()[0] for x in lines) == ["frame.cam0"] * 10 + ["keypoints.cam0"] * 10, lines
+    assert out == ""
     with av.open(str(out_file)) as container:
         frames = list(container.decode(video=0))
     assert len(frames) == 10 and (frames[0].width, frames[0].height) == (96, 64)
