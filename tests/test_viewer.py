@@ -533,3 +533,51 @@ def test_healthz_says_alive_while_the_process_starts() -> None:
         assert _get(url)[0] == 503
     finally:
         service.stop()
+
+
+def _status_with(url: str, headers: dict[str, str]) -> int:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=30) as response:
+            return response.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+async def _websocket_status(url: str, origin: str) -> int:
+    import aiohttp
+
+    async with aiohttp.ClientSession() as session:
+        try:
+            async with session.ws_connect(url, origin=origin):
+                return 101
+        except aiohttp.WSServerHandshakeError as e:
+            return e.status
+
+
+def test_pages_of_other_sites_get_neither_the_stream_nor_the_figures() -> None:
+    """Browsers let any page open a WebSocket anywhere and send it its own Origin, and a page can
+    rebind its own name to 127.0.0.1: the viewer and the metrics answer only their own origin."""
+    from pipeline.metrics import PipelineMetrics
+    from pipeline.viewer.server import ViewServer
+
+    viewer = ViewServer(["tcp://127.0.0.1:9"], listen="127.0.0.1:0").start()
+    metrics = PipelineMetrics().serve("127.0.0.1:0")
+    try:
+        own = viewer.url.removeprefix("http://")
+        ws = f"ws://{own}/ws"
+        assert asyncio.run(_websocket_status(ws, f"http://{own}")) == 101  # the page's own script
+        assert asyncio.run(_websocket_status(ws, "http://evil.example.com")) == 403
+        assert asyncio.run(_websocket_status(ws, "null")) == 403  # a sandboxed frame or a file:// page
+        stats = f"{viewer.url}/stats.json"
+        assert _status_with(stats, {}) == 200  # programs send no Origin
+        assert _status_with(stats, {"Origin": f"http://{own}"}) == 200
+        assert _status_with(stats, {"Host": own.replace("127.0.0.1", "localhost"),
+                                    "Origin": f"http://{own.replace('127.0.0.1', 'localhost')}"}) == 200
+        assert _status_with(stats, {"Origin": "http://evil.example.com"}) == 403
+        rebound = own.replace("127.0.0.1", "evil.example.com")  # DNS rebinding: same origin for the browser
+        assert _status_with(stats, {"Host": rebound, "Origin": f"http://{rebound}"}) == 403
+        assert _status_with(f"{metrics.url}/metrics", {"Host": rebound}) == 403
+        assert _status_with(f"{metrics.url}/metrics", {}) == 200
+    finally:
+        viewer.close()
+        metrics.stop()

@@ -1,8 +1,14 @@
 """A small aiohttp server on a thread of its own (its own event loop): the viewer and the metrics.
 
 ``HttpService(make_app, "127.0.0.1:8080").start()`` binds (a taken port is one clear ConfigError,
-before any model loads), serves until ``stop()``. Loopback by default; ``check_listen`` parses and
-warns about other addresses.
+before any model loads), serves until ``stop()``. Loopback by default; another address is warned about.
+
+Every app it serves refuses, with 403, what a web page elsewhere could make a browser send:
+- a request whose ``Origin`` is not the server itself (a foreign page opening the WebSocket or
+  fetching the figures: browsers apply no same-origin rule to WebSockets);
+- on loopback, a request whose ``Host`` is not a loopback name (DNS rebinding: a foreign name that
+  resolves to 127.0.0.1 makes the browser treat the server as that page's own origin).
+Programs that send neither header (curl, Prometheus, the clients) are not affected.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import threading
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
+from yarl import URL
 
 from stages.errors import ConfigError
 
@@ -38,6 +45,30 @@ def is_loopback_host(host: str) -> bool:
         return False
 
 
+def foreign_request(request: web.Request, listen_host: str) -> str | None:
+    """Why a browser request came from (or through) another site, or None when it did not. The
+    Origin must name the Host the request was sent to (as a browser's own page does)."""
+    host_header = request.headers.get("Host")
+    if host_header is None:
+        return None
+    try:
+        hostname = (URL(f"http://{host_header}").host or "").lower()
+    except ValueError:
+        return f"Host {host_header!r} is not an address"
+    if is_loopback_host(listen_host) and not is_loopback_host(hostname):
+        return f"Host {host_header!r} is not a loopback name (open it as {request.scheme}://127.0.0.1:...)"
+    origin = request.headers.get("Origin")
+    if origin is None:
+        return None
+    try:
+        url = URL(origin)
+        if url.scheme in ("http", "https") and url.raw_authority.lower() == host_header.lower():
+            return None
+    except ValueError:
+        pass
+    return f"Origin {origin!r} is another site"
+
+
 class HttpService:
     """Serves the app ``make_app()`` builds (inside the service's loop) on ``listen``."""
 
@@ -51,6 +82,7 @@ class HttpService:
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
         self._error: BaseException | None = None
+        self.refused = 0  # browser requests from other sites (see the module docstring)
         if not is_loopback_host(self.host):
             log.warning("%s listens on %s: reachable from other machines", what, self.host)
 
@@ -90,6 +122,7 @@ class HttpService:
         app = self._make_app()
         if asyncio.iscoroutine(app):
             app = await app
+        app.middlewares.insert(0, self._same_site)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
@@ -97,6 +130,16 @@ class HttpService:
         addresses = self._runner.addresses
         if addresses:
             self.port = int(addresses[0][1])
+
+    @web.middleware
+    async def _same_site(self, request: web.Request, handler):
+        why = foreign_request(request, self.host)
+        if why is not None:
+            self.refused += 1  # a hostile page can repeat this at will: the log says it a few times only
+            log.log(logging.WARNING if self.refused <= 5 else logging.DEBUG, "%s: refused %s %s: %s", self.what,
+                    request.method, request.path, why)
+            return web.Response(status=403, text=f"refused: {why}\n")
+        return await handler(request)
 
     async def _cleanup(self) -> None:
         if self._runner is not None:

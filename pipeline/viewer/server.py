@@ -23,7 +23,8 @@ every send is stopped and every WebSocket closed before the event loop ends.
 
 Security: loopback by default; another address is warned about, and with a token
 (``--view-token``) the page, its WebSocket and its figures need it (``?token=`` or the
-``X-View-Token`` header); the static script and tables are public.
+``X-View-Token`` header); the static script and tables are public. Requests a page of another
+site makes a browser send are refused (``net.http``: Origin and, on loopback, Host).
 """
 
 from __future__ import annotations
