@@ -106,6 +106,19 @@ def test_status_reports_fps_health_and_drops(pub: ZmqPublisher) -> None:
     assert set(msg.header) >= {"fps", "drops", "health", "uptime_s", "width", "height", "random_weights"}
 
 
+def test_a_source_closed_while_others_run_says_closed_once_then_nothing(pub: ZmqPublisher) -> None:
+    pub.open(StreamInfo("cam1", W, H, 30.0, Fraction(1, 90000), live=True))
+    with Subscriber(pub.endpoint, ["status.cam1"], timeout_s=2) as sub:
+        assert pub.wait_for_subscriber("status.cam1", 5)
+        assert recv_until(sub, lambda m: m.health == "ok", 1)
+        pub.close_source("cam1")  # it ended or was removed; cam0 runs on
+        assert recv_until(sub, lambda m: m.health == "closed", 1)
+        assert recv_until(sub, lambda m: True, 1, timeout_s=1.5) == []  # 15 status intervals: none for cam1
+    with Subscriber(pub.endpoint, ["status.cam0"], timeout_s=2) as sub:
+        assert pub.wait_for_subscriber("status.cam0", 5)
+        assert [m.health for m in recv_until(sub, lambda m: True, 3)] == ["ok"] * 3
+
+
 def test_images_are_not_encoded_without_subscribers(pub: ZmqPublisher) -> None:
     with Subscriber(pub.endpoint, ["keypoints"], timeout_s=2) as sub:
         assert pub.wait_for_subscriber("keypoints.cam0", 5)

@@ -248,6 +248,15 @@ class ZmqPublisher:
             source.health = {"resumed": "ok"}.get(record["event"], record["event"])
             self._publish_status(source, record)
 
+    def close_source(self, source_id: str) -> None:
+        """A source ended, failed or was removed while others run on: its last status says ``closed``
+        now (not when the whole run ends), and no status follows."""
+        with self._lock:
+            source = self._sources.pop(source_id, None)
+            if source is not None and self._sock is not None:
+                source.health = "closed"
+                self._publish_status(source)
+
     def close(self) -> None:
         """Stop the status thread, send a last status per source, close sockets with bounded linger."""
         self._stop.set()
