@@ -328,7 +328,7 @@ class Runner:
             self._unfinished[result.frame.source_id] -= 1
             source = self._source_of(result.frame.source_id)
             if source is not None:
-                result.drops = {"source": source.frames_dropped, "reopens": source.reopens,
+                result.drops = {"source": result.frame.skipped_before, "reopens": source.reopens,
                                 "decode_errors": getattr(source, "decode_errors", 0)}
             if not worker.put(result):
                 return False

@@ -41,6 +41,8 @@ class Frame:
     capture_ns: wall clock (time.time_ns) when the frame was captured or decoded.
     session: how often the source was reopened before this frame (a new session is a new stream:
     tracks, smoothing and carried boxes restart).
+    skipped_before: frames of the source before this one that were not processed (a live source
+    replaced them): exactly what a gap in ``index`` up to this frame owes to the source.
     """
 
     index: int
@@ -50,6 +52,7 @@ class Frame:
     capture_ns: int
     source_id: str = "src"
     session: int = 0
+    skipped_before: int = 0
 
     def __post_init__(self) -> None:
         _check("Frame.image", self.image, (None, None, 3))

@@ -71,6 +71,11 @@ def test_cli_publishes_keypoints_frames_and_status(tmp_path: Path, env: dict[str
         assert (msg.keypoints[..., 0] <= 1279).all() and (msg.keypoints[..., 1] <= 719).all()
     indices = [m.meta.frame_index for m in kps]
     assert indices == sorted(indices)
+    # Every gap is the frames the realtime source skipped (drops.source grew by exactly that much):
+    # the counter a message carries is the one of its own frame, not of a later one.
+    for a, b in zip(kps, kps[1:]):
+        assert b.meta.frame_index - a.meta.frame_index - 1 == b.meta.drops["source"] - a.meta.drops["source"], (
+            [(m.meta.frame_index, m.meta.drops["source"]) for m in kps])
     frame = got[FrameMessage][0]
     assert frame.image.shape == (720, 1280, 3) and frame.image.dtype == np.uint8
     status = got[StatusMessage][0]

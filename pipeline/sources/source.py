@@ -230,6 +230,7 @@ class Source:
                 raise item.error
             raise SourceEnded(f"{self.label}: end of stream")
         with self._lock:
+            item.skipped_before = item.index - self._frames_delivered  # every earlier index: delivered or replaced
             self._frames_delivered += 1
         return item
 
