@@ -454,23 +454,25 @@ def test_timeout_after_only_refused_messages_says_what_arrived(tmp_path: Path) -
     assert "no pipeline publishes there" not in last
 
 
-def _keypoints(index: int) -> list[bytes]:
+def _keypoints(index: int, source_skipped: int = 0) -> list[bytes]:
     parts = [wire.Part("keypoints", np.zeros((0, 0, 2), np.float32)),
              wire.Part("keypoint_scores", np.zeros((0, 0), np.float32)),
              wire.Part("boxes", np.zeros((0, 4), np.float32)), wire.Part("box_scores", np.zeros(0, np.float32)),
              wire.Part("track_ids", np.zeros(0, np.int64))]
-    meta = wire.FrameMeta("cam0", index, capture_ns=1)
+    meta = wire.FrameMeta("cam0", index, capture_ns=1, drops={"source": source_skipped})
     return wire.encode("keypoints", "cam0", wire.meta_fields(meta), parts, publish_ns=1)
 
 
-def test_missed_counts_real_gaps_not_a_hostile_frame_index() -> None:
+def test_missed_counts_real_gaps_not_a_hostile_frame_index_nor_the_sources_skips() -> None:
     with _subscribed_to_rogue("--topic", "", "--timeout", "2") as (sock, proc):
         _until_joined(sock, proc, GOOD_STATUS)
         for index in [0, 2**63 - 1, 0, 2**63 - 1, 0, 2**20 + 10, 0, 1, 2, 5]:  # restarts, then 3 and 4 missed
             sock.send_multipart(_keypoints(index))
+        sock.send_multipart(_keypoints(9, source_skipped=3))  # 6-8 never published: the source skipped them
         out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
-    assert [line.split()[1] for line in out.splitlines() if line.startswith("keypoints")][-3:] == ["#1", "#2", "#5"]
+    assert [line.split()[1] for line in out.splitlines() if line.startswith("keypoints")][-4:] == ["#1", "#2", "#5",
+                                                                                                   "#9"]
     assert "missed 2," in err or err.rstrip().endswith("missed 2"), err
 
 

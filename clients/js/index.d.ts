@@ -310,8 +310,10 @@ export class SubscriberStats {
   superseded: number;
   /** other sources, when `sources` is given */
   filtered: number;
-  /** frame_index gaps per topic */
+  /** frame_index gaps per topic the source's own skips (drops.source) do not explain: publisher or network drops */
   missed: number;
+  /** frame_index went backwards or leapt over 2^20 frames: a new baseline, nothing missed */
+  restarts: number;
   /** connections lost (an oversized message, a publisher restart) and made again */
   disconnects: number;
   readonly malformed: number;

@@ -18,6 +18,7 @@ import { DEFAULT_ENDPOINT, KINDS, WireError, decode, makeLimits, toMessage } fro
 import { loadCurveClientKeys } from "./keys.js";
 
 const DRAIN_LIMIT = 10_000; // bounded drain so a flood cannot keep recv() busy forever
+const MAX_GAP = 2n ** 20n; // frames missed in one gap at most (over 9 hours at 30 fps); a larger leap is a restart
 const IMAGE_KINDS = new Set(["frame", "seg", "matte"]);
 
 /** No message arrived within the receive timeout. */
@@ -39,8 +40,10 @@ export class SubscriberStats {
     this.superseded = 0;
     /** other sources, when `sources` is given */
     this.filtered = 0;
-    /** frame_index gaps per topic: messages the publisher or the network dropped */
+    /** frame_index gaps per topic the source's own skips (drops.source) do not explain: publisher or network drops */
     this.missed = 0;
+    /** frame_index went backwards or leapt over MAX_GAP: a new baseline, nothing missed */
+    this.restarts = 0;
     /** connections lost (an oversized message, a publisher restart) and made again */
     this.disconnects = 0;
   }
@@ -101,7 +104,7 @@ export class Subscriber {
     this.logger = logger;
     this.stats = new SubscriberStats();
     this._pending = [];
-    this._lastIndex = new Map(); // topic -> last frame_index (bigint)
+    this._lastIndex = new Map(); // topic -> {index, skipped}: the last frame_index and drops.source (bigint)
     this._warnedVersions = new Set();
     this._queue = Promise.resolve(); // recv() calls run one after the other
     this._endpoints = [];
@@ -237,10 +240,22 @@ export class Subscriber {
     }
     this.stats.received++;
     if (msg.kind !== "status") {
+      // A gap the source's own skips explain (drops.source grew by it) was never published: not missed.
       const index = BigInt(msg.header.frame_index);
+      const skipped = BigInt(msg.header.drops?.source ?? 0);
+      // An index that goes backwards or leaps over MAX_GAP is a restarted (or hostile) publisher: a new
+      // baseline, nothing missed (as the Python Subscriber).
       const last = this._lastIndex.get(msg.topic);
-      if (last !== undefined && index > last + 1n) this.stats.missed += Number(index - last - 1n);
-      this._lastIndex.set(msg.topic, index);
+      if (last !== undefined && index !== last.index + 1n) {
+        if (index > last.index && index <= last.index + 1n + MAX_GAP) {
+          const explained = skipped > last.skipped ? skipped - last.skipped : 0n;
+          const gap = index - last.index - 1n;
+          if (gap > explained) this.stats.missed += Number(gap - explained);
+        } else {
+          this.stats.restarts++;
+        }
+      }
+      this._lastIndex.set(msg.topic, { index, skipped });
     }
     this._pending.push(msg);
   }

@@ -82,15 +82,20 @@ describe("Subscriber", () => {
     for (const c of errors) await pub.send(framesOf(c));
     await pub.send(keypoints({ version: 2 }));
     await pub.send(keypoints({ version: 3 }));
-    for (const index of [1, 2, 5, 9]) await pub.send(keypoints({ frame_index: index }));
+    // 3, 4 missed; 6-8 skipped by the source (drops.source 0 -> 3), so not missed; a leap of 2^40 and back to 0: restarts
+    const sent = [[1n, 0], [2n, 0], [5n, 0], [9n, 3], [2n ** 40n, 3], [0n, 3], [1n, 3]];
+    for (const [index, skipped] of sent) {
+      await pub.send(keypoints({ frame_index: index, drops: { source: skipped } }));
+    }
     const got = await drain(sub);
-    assert.deepEqual(got.map((m) => m.meta.frame_index), [1, 2, 5, 9]);
+    assert.deepEqual(got.map((m) => String(m.meta.frame_index)), sent.map(([index]) => String(index)));
     const want = {};
     for (const c of errors) want[c.error] = (want[c.error] ?? 0) + 1;
     want.version += 2;
     assert.deepEqual(sub.stats.skipped, want);
-    assert.equal(sub.stats.received, 4);
-    assert.equal(sub.stats.missed, 2 + 3);
+    assert.equal(sub.stats.received, sent.length);
+    assert.equal(sub.stats.missed, 2);
+    assert.equal(sub.stats.restarts, 2);
     assert.equal(sub.stats.oversized, want.too_large);
     assert.equal(sub.stats.malformed, errors.length + 2 - want.too_large);
     assert.equal(warnings.length, 1, warnings.join("\n"));

@@ -60,7 +60,7 @@ class SubscriberStats:
     skipped: collections.Counter = field(default_factory=collections.Counter)  # reason -> messages refused
     superseded: int = 0  # older image messages discarded by latest_only
     filtered: int = 0  # other sources, when sources= is given
-    missed: int = 0  # frame_index gaps per topic: messages the publisher or network dropped
+    missed: int = 0  # frame_index gaps per topic the source's own skips do not explain: publisher or network drops
     restarts: int = 0  # frame_index went backwards or leapt over MAX_GAP: a new baseline, nothing missed
     disconnects: int = 0  # connections lost (an oversized message, a publisher restart) and made again
     handshakes_failed: int = 0  # refused by the publisher (CURVE keys missing or not authorised); libzmq retries
@@ -109,7 +109,7 @@ class Subscriber:
         self.strict_version = strict_version
         self.stats = SubscriberStats()
         self._pending: collections.deque[Message] = collections.deque()
-        self._last_index: dict[str, int] = {}
+        self._last_index: dict[str, tuple[int, int]] = {}  # topic -> (frame_index, drops.source) last seen
         self._warned_versions: set[str] = set()
         self._own_ctx = context is None
         self._ctx = context or zmq.Context()
@@ -235,23 +235,25 @@ class Subscriber:
             return True
         self.stats.received += 1
         if not isinstance(msg, StatusMessage):
-            self._count_gap(msg.topic, msg.meta.frame_index)
+            self._count_gap(msg.topic, msg.meta.frame_index, msg.meta.drops.get("source", 0))
         self._pending.append(msg)
         return True
 
-    def _count_gap(self, topic: str, index: int) -> None:
-        """Count the frames between this message and the last of its topic as missed, unless the index
-        went backwards or leapt more than MAX_GAP ahead: that is a restarted (or hostile) publisher,
-        and only starts a new baseline (an alternating 2**63-1, 0 would otherwise count 2**63 each)."""
+    def _count_gap(self, topic: str, index: int, source_skipped: int) -> None:
+        """Count the frames between this message and the last of its topic as missed, less those the
+        pipeline's source skipped (``drops.source`` grew by them: they were never published), unless
+        the index went backwards or leapt more than MAX_GAP ahead: that is a restarted (or hostile)
+        publisher, and only starts a new baseline (an alternating 2**63-1, 0 would otherwise count
+        2**63 each)."""
         last = self._last_index.get(topic)
-        self._last_index[topic] = index
-        if last is None or index == last + 1:
+        self._last_index[topic] = (index, source_skipped)
+        if last is None or index == last[0] + 1:
             return
-        if last < index <= last + 1 + MAX_GAP:
-            self.stats.missed += index - last - 1
+        if last[0] < index <= last[0] + 1 + MAX_GAP:
+            self.stats.missed += max(0, index - last[0] - 1 - max(0, source_skipped - last[1]))
         else:
             self.stats.restarts += 1
-            log.debug("%s: frame_index %d after %d; counting from here", topic, index, last)
+            log.debug("%s: frame_index %d after %d; counting from here", topic, index, last[0])
 
     def _skip(self, error: wire.WireError) -> None:
         self.stats.skipped[error.reason] += 1
