@@ -40,6 +40,18 @@ def check_source_name(name: str, where: str) -> None:
         raise ConfigError(f"{where}: {exc}") from None
 
 
+def check_source_settings(entry: dict[str, Any], where: str) -> None:
+    """ConfigError naming ``where`` unless the entry's own settings (``realtime``, ``stall_timeout_s``;
+    absent or null: the run's) have the right types and ranges."""
+    for key, kind in (("realtime", bool), ("stall_timeout_s", int | float)):
+        value = entry.get(key)
+        if value is not None and (isinstance(value, bool) != (kind is bool) or not isinstance(value, kind)):
+            raise ConfigError(f"{where}: {key} must be {'true or false' if kind is bool else 'a number'}")
+    stall = entry.get("stall_timeout_s")
+    if stall is not None and not 0 < stall < math.inf:  # NaN too
+        raise ConfigError(f"{where}: stall_timeout_s must be a positive number of seconds, got {stall}")
+
+
 def split_source(text: str, where: str = "source") -> tuple[str | None, str]:
     """``NAME=SPEC`` -> (NAME, SPEC); a SPEC alone (URLs with ``=`` in their query too) -> (None, SPEC)."""
     name, sep, uri = text.partition("=")
@@ -67,13 +79,7 @@ def name_sources(sources: list[dict[str, Any]], source_texts: list[str], source_
             raise ConfigError(f"{where}: unknown key {unknown[0]!r}; a source takes {takes}")
         if not isinstance(entry.get("uri"), str) or not entry["uri"].strip():
             raise ConfigError(f"{where}: needs a uri (what --source takes)")
-        for key, kind in (("realtime", bool), ("stall_timeout_s", int | float)):
-            value = entry.get(key)
-            if key in entry and (isinstance(value, bool) != (kind is bool) or not isinstance(value, kind)):
-                raise ConfigError(f"{where}: {key} must be {'true or false' if kind is bool else 'a number'}")
-        stall = entry.get("stall_timeout_s")
-        if stall is not None and not 0 < stall < math.inf:
-            raise ConfigError(f"{where}: stall_timeout_s must be a positive number of seconds, got {stall}")
+        check_source_settings(entry, where)
         name = entry.get("id")
         if name is not None and not isinstance(name, str):
             raise ConfigError(f"{where}: id must be a string")

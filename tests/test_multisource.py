@@ -268,8 +268,16 @@ def test_control_endpoint_adds_lists_and_removes_sources(tiny: Path, cli_env: di
         for bad, why in ((f"={clips['b']}", "name is empty"), (f"{'x' * 100}={clips['b']}", "1-64")):
             refused = _control(endpoint, "add", bad)
             assert refused.returncode != 0 and why in refused.stderr, refused.stderr
+        from pipeline.net.control import request
+
+        for message, why in (({"stall_timeout_s": float("nan")}, "positive number"),  # json.dumps writes NaN
+                             ({"stall_timeout_s": float("inf")}, "positive number"),
+                             ({"bogus": 1}, "unknown key 'bogus'")):
+            reply = request(endpoint, {"cmd": "add", "source": f"x={clips['b']}", **message})
+            assert not reply["ok"] and why in reply["error"], reply
         assert _control(endpoint, "remove", "live").returncode == 0
-        assert _control(endpoint, "remove", "live").returncode != 0  # gone
+        gone = _control(endpoint, "remove", "live")
+        assert gone.returncode != 0 and "no running source named 'live'\n" in gone.stderr, gone.stderr
         deadline = time.monotonic() + 60
         while not decode_ok(tmp_path / "live.mp4"):  # its recording is finished when it is removed
             assert time.monotonic() < deadline, "the removed source's recording was not finalised"

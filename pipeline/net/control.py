@@ -5,7 +5,7 @@ Requests and replies are JSON objects, one per message (any ZeroMQ REQ socket ca
 
     {"cmd": "list"}                                   -> {"ok": true, "sources": [{"id", "health", ...}]}
     {"cmd": "add", "source": "lobby=rtsp://cam/1"}    -> {"ok": true, "id": "lobby"}   (opened, then batched in)
-        optional: "realtime": bool, "stall_timeout_s": number (as in a YAML sources entry)
+        optional: "realtime": bool, "stall_timeout_s": number (checked as in a YAML sources entry)
     {"cmd": "remove", "id": "lobby"}                  -> {"ok": true}                 (its outputs are finished)
 
 A bad request gets ``{"ok": false, "error": "..."}``; the endpoint is loopback by default (it can
@@ -27,10 +27,11 @@ from sapiens2_client.endpoints import is_loopback
 
 from ..config import ConfigError
 from ..sources import Source, SourceError
-from ..sourcespecs import SourceSpec, check_source_name, split_source
+from ..sourcespecs import SourceSpec, check_source_name, check_source_settings, split_source
 
 log = logging.getLogger(__name__)
 MAX_REQUEST_BYTES = 64 * 1024
+ADD_KEYS = {"cmd", "source", "realtime", "stall_timeout_s"}
 
 
 class ControlServer:
@@ -93,20 +94,21 @@ class ControlServer:
             text = message.get("source")
             if not isinstance(text, str) or not text.strip():
                 return {"ok": False, "error": "add needs source: \"[NAME=]SPEC\""}
+            unknown = sorted(set(message) - ADD_KEYS)
+            if unknown:
+                takes = ", ".join(sorted(ADD_KEYS))
+                return {"ok": False, "error": f"add: unknown key {unknown[0]!r}; add takes {takes}"}
             try:
+                check_source_settings(message, "add")
                 name, uri = split_source(text, "add")
                 if name is not None:
                     check_source_name(name, "add")
                     self.runner.check_new_id(name)  # before a slow open; the runner checks again when it adds
             except (ConfigError, ValueError) as exc:
                 return {"ok": False, "error": str(exc)}
-            realtime, stall = message.get("realtime"), message.get("stall_timeout_s")
-            if realtime is not None and not isinstance(realtime, bool):
-                return {"ok": False, "error": "realtime must be true or false"}
-            if stall is not None and (isinstance(stall, bool) or not isinstance(stall, int | float) or stall <= 0):
-                return {"ok": False, "error": "stall_timeout_s must be a positive number"}
             try:
-                source = self.opener(SourceSpec(name, uri, realtime, stall, "add"))
+                source = self.opener(SourceSpec(name, uri, message.get("realtime"), message.get("stall_timeout_s"),
+                                                "add"))
             except SourceError as exc:
                 return {"ok": False, "error": str(exc)}
             try:
@@ -122,7 +124,7 @@ class ControlServer:
             try:
                 self.runner.remove_source(sid)
             except (KeyError, RuntimeError, TimeoutError) as exc:
-                return {"ok": False, "error": str(exc).strip("'\"")}
+                return {"ok": False, "error": exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)}
             return {"ok": True}
         return {"ok": False, "error": f"unknown cmd {cmd!r}; use list, add or remove"}
 
