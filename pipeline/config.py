@@ -291,7 +291,12 @@ def _check_type(key: str, value: Any) -> Any:
             split = FIELDS[key].metadata.get("split", True)
             value = [v.strip() for v in value.split(",") if v.strip()] if split else [value]
         item = typing.get_origin(typing.get_args(base)[0]) or typing.get_args(base)[0]
-        ok = isinstance(value, list) and all(isinstance(v, item) and not isinstance(v, bool) for v in value)
+        if item is dict:  # the YAML sources: its entries are checked one by one, by name (sourcespecs)
+            if isinstance(value, list) and not value:
+                raise ConfigError(f"{key}: the list is empty; give at least one {{id, uri}} entry or leave the key out")
+            ok = isinstance(value, list)
+        else:
+            ok = isinstance(value, list) and all(isinstance(v, item) and not isinstance(v, bool) for v in value)
     elif origin is dict:
         ok = isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
     else:  # pragma: no cover - every field type is listed above

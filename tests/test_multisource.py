@@ -106,11 +106,14 @@ def test_bad_source_lists_are_one_line(cli_env: dict[str, str], tmp_path: Path, 
     ("  - {id: a, uri: demo, stall_timeout_s: 0}\n  - {id: b, uri: demo}\n",
      ["sources[0]", "stall_timeout_s", "positive"]),
     ("  - {id: a, uri: demo}\n  - {id: a, uri: demo}\n", ["sources[0] and sources[1]", "both named 'a'"]),
-], ids=["unknown key", "stall timeout 0", "repeated id"])
+    (" []\n", ["sources: the list is empty"]),  # not the default webcam
+    ("  - demo\n", ["sources[0]: expected a mapping with id and uri, got 'demo'"]),
+    (" demo\n", ["sources[0]: expected a mapping with id and uri, got 'demo'"]),
+], ids=["unknown key", "stall timeout 0", "repeated id", "empty", "a plain entry", "not a list"])
 def test_a_bad_sources_entry_is_one_line_naming_it(cli_env: dict[str, str], tmp_path: Path, entries: str,
                                                    needles: list[str]) -> None:
     config = tmp_path / "cams.yaml"
-    config.write_text("sources:\n" + entries)
+    config.write_text("sources:" + ("\n" if entries.startswith("  - ") else "") + entries)
     ran = run_cli(["--config", config, *POSE], cli_env, tmp_path)
     assert_one_clear_error(ran, "cams.yaml", *needles)
     assert "loaded " not in ran.stderr
