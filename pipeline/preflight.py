@@ -7,6 +7,7 @@ command line runs it first and refuses bad input in about a second instead of af
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import socket
@@ -83,15 +84,15 @@ def preflight(cfg: RunConfig, specs: list[SourceSpec] | None = None) -> None:
                 LineWriter(expand(cfg.save_keypoints, sid)).check()
             except JsonlError as exc:
                 raise ConfigError(str(exc)) from None
+    _check_outputs_collide(cfg, specs, ids)
     matte_background(cfg.matte_background)  # checked even when unused: a typo is a typo
-    for key in ("view", "metrics"):
-        if getattr(cfg, key):
-            host, _, port = getattr(cfg, key).rpartition(":")
-            check_port_free(host, int(port), key)
-    if cfg.control and cfg.control.startswith("tcp://"):
-        host, _, port = cfg.control.removeprefix("tcp://").rpartition(":")
-        if port.isdigit():
-            check_port_free(host, int(port), "control")
+    listeners = _listeners(cfg)
+    for (what, port), (other, other_port) in itertools.combinations(listeners.items(), 2):
+        if port == other_port:
+            raise ConfigError(f"{what} and {other} both listen on port {port}; give each its own port")
+    for what, port in listeners.items():
+        if what != "publish":  # the publisher binds before the models load, with its own error
+            check_port_free(_host(getattr(cfg, what)), port, what)
     if cfg.detector == "yolo" and Path(cfg.detector_model).suffix.lower() not in DETECTOR_SUFFIXES:
         raise ConfigError(f"detector_model: {cfg.detector_model!r} is not a model Ultralytics loads; use a "
                           f"{', '.join(DETECTOR_SUFFIXES)} file")
@@ -105,6 +106,46 @@ def preflight(cfg: RunConfig, specs: list[SourceSpec] | None = None) -> None:
     if cfg.curve_dir and not Path(cfg.curve_dir).is_dir():
         raise ConfigError(f"curve_dir: {cfg.curve_dir!r} is not a folder; create keys with "
                           f"`sapiens2-stream keys {cfg.curve_dir}`")
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve() or (a.exists() and b.exists() and os.path.samefile(a, b))
+    except OSError:
+        return False
+
+
+def _check_outputs_collide(cfg: RunConfig, specs: list[SourceSpec], ids: list[str]) -> None:
+    """ConfigError when an output would be written over an input file, or the keypoints get a video's
+    name (then they could also be the recording's)."""
+    if cfg.save_keypoints and Path(cfg.save_keypoints).suffix.lower() in RECORD_SUFFIXES:
+        raise ConfigError(f"save_keypoints: {cfg.save_keypoints!r} is a video name; keypoints are JSON lines: "
+                          "name a .jsonl file (--record takes the video)")
+    outputs = [(key, Path(expand(getattr(cfg, key), sid))) for key in ("record", "save_keypoints")
+               if getattr(cfg, key) for sid in ids]
+    inputs = [Path(spec.uri.removeprefix("loop:")) for spec in specs]
+    for key, path in outputs:
+        source = next((p for p in inputs if p.is_file() and _same_file(path, p)), None)
+        if source is not None:
+            raise ConfigError(f"{key}: {str(path)!r} is the source file {str(source)!r}; writing it would destroy "
+                              "the input: choose another path")
+
+
+def _host(address: str) -> str:
+    return address.removeprefix("tcp://").rpartition(":")[0]
+
+
+def _listeners(cfg: RunConfig) -> dict[str, int]:
+    """The TCP ports this run will listen on, by setting (port 0 and non-TCP endpoints: none)."""
+    ports = {}
+    for what in ("publish", "control", "view", "metrics"):
+        address = getattr(cfg, what)
+        if not address or (what in ("publish", "control") and not address.startswith("tcp://")):
+            continue
+        port = address.rpartition(":")[2]
+        if port.isdigit() and int(port) != 0:
+            ports[what] = int(port)
+    return ports
 
 
 def unused_settings(cfg: RunConfig) -> list[str]:

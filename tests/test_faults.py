@@ -206,6 +206,11 @@ BAD_INPUT = [
     (["--smooth", "--smooth-beta", "nan"], ["--smooth-beta", "finite"]),
     (["--matte-background", "missing.jpg"], ["matte_background", "missing.jpg"]),  # checked without matting too
     (["--detector", "yolo", "--detector-model", "person.pth"], ["person.pth", "Ultralytics"]),
+    (["--record", "{clip}"], ["record", "is the source file", "destroy the input"]),
+    (["--save-keypoints", "{clip}"], ["save_keypoints", "video name", ".jsonl"]),
+    (["--record", "same.mp4", "--save-keypoints", "same.mp4"], ["save_keypoints", "video name"]),
+    (["--metrics", "127.0.0.1:5588", "--control", "tcp://127.0.0.1:5588"], ["control and metrics", "5588"]),
+    (["--publish", "tcp://127.0.0.1:5589", "--view", "127.0.0.1:5589"], ["publish and view", "5589"]),
 ]
 
 
@@ -218,9 +223,12 @@ def test_bad_input_is_one_line_before_any_model(cli_env: dict[str, str], tmp_pat
                                                 args: list[str], needles: list[str]) -> None:
     (tmp_path / "evil.pt").write_bytes(pickle.dumps({"not": "a model"}))
     base = [a for a in TINY_POSE if a not in ("--detector", "full-frame")] if "--detector" in args else TINY_POSE
-    ran = run_cli(["--source", clip, *base, *args], cli_env, tmp_path)
+    source = tmp_path / "input.mp4"  # its own copy: a run that wrote over it must not spoil the others
+    source.write_bytes(clip.read_bytes())
+    ran = run_cli(["--source", source, *base, *[a.replace("{clip}", str(source)) for a in args]], cli_env, tmp_path)
     assert_one_clear_error(ran, *needles)
     assert "loaded " not in ran.stderr
+    assert source.read_bytes() == clip.read_bytes()
 
 
 @pytest.mark.parametrize("flag", ["--view", "--metrics", "--control"])
