@@ -581,3 +581,15 @@ def test_pages_of_other_sites_get_neither_the_stream_nor_the_figures() -> None:
     finally:
         viewer.close()
         metrics.stop()
+
+
+def test_a_viewer_that_cannot_listen_says_one_line(cli_env: dict[str, str], tmp_path: Path) -> None:
+    from tests.cliutil import assert_one_clear_error, run_cli
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+        ran = run_cli(["view", "--endpoint", "tcp://127.0.0.1:9", "--listen", address], cli_env, tmp_path)
+    assert_one_clear_error(ran, "viewer", address)
+    assert len([line for line in ran.stderr.splitlines() if line.strip()]) == 1, ran.stderr  # no asyncio noise

@@ -111,6 +111,7 @@ class HttpService:
             self._loop.run_until_complete(self._start())
         except (OSError, RuntimeError) as exc:
             self._error = exc
+            self._stop_tasks()  # what the app started (the viewer's reader) ends with the loop, quietly
             self._ready.set()
             return
         self._ready.set()
@@ -140,6 +141,15 @@ class HttpService:
                     request.method, request.path, why)
             return web.Response(status=403, text=f"refused: {why}\n")
         return await handler(request)
+
+    def _stop_tasks(self) -> None:
+        tasks = asyncio.all_tasks(self._loop)
+        for task in tasks:
+            task.cancel()
+        self._loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+        if self._runner is not None:
+            self._loop.run_until_complete(self._runner.cleanup())
+        self._loop.close()
 
     async def _cleanup(self) -> None:
         if self._runner is not None:

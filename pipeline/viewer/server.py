@@ -46,6 +46,7 @@ from aiohttp import WSMsgType, web
 
 from sapiens2_client import wire
 from sapiens2_client.keys import CurveClientKeys
+from stages.errors import ConfigError
 
 from ..net.http import HttpService, is_loopback_host
 
@@ -150,7 +151,14 @@ class ViewServer:
         return self._service.url
 
     def start(self) -> ViewServer:
-        self._service.start()
+        try:
+            self._service.start()
+        except ConfigError:  # it could not listen: the upstream socket its app opened goes too
+            if self._sock is not None:
+                self._sock.close(linger=0)
+            if self._ctx is not None:
+                self._ctx.term()
+            raise
         return self
 
     def watch(self, watcher: Watcher) -> None:
