@@ -226,3 +226,18 @@ def test_heatmap_blur_is_the_references_bit_for_bit(kernel):
         got = blur_preserve_max(maps, kernel)
         expected = gaussian_blur_preserve_max(maps.reshape(b * k, h, w), kernel).reshape(b, k, h, w)
         assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("height, width", [(1, 1), (1, 500), (300, 1)])
+def test_a_frame_one_pixel_high_or_wide_crops_to_its_pixels(height, width):
+    """The crop grid divides by (size - 1): a frame one pixel across gave NaN crops, and the run
+    blamed the checkpoint. Every sample of a one-pixel axis is that pixel row or column."""
+    from stages.sapiens2.preprocess import MEAN, STD, crop_persons
+
+    image = torch.full((3, height, width), 200, dtype=torch.uint8)
+    boxes = torch.tensor([[0.0, 0.0, float(width), float(height)]])
+    pixel = (200 / 255 - MEAN[0]) / STD[0]  # the frame's colour, normalised (channel 0)
+    for sampling in ("select", "per-box"):
+        crops = crop_persons(image, boxes, (64, 48), sampling=sampling)
+        assert crops.shape == (1, 3, 64, 48) and torch.isfinite(crops).all(), sampling
+        assert (crops[0, 0] - pixel).abs().min() < 1e-4, sampling  # the frame itself is in the crop

@@ -82,7 +82,8 @@ def crop_persons(image: Tensor, boxes_xyxy: Tensor, input_size: tuple[int, int],
     # Same operation order as the reference so crops agree to the last bit.
     in_x = gx / scale_x[:, None, None] + center[:, 0, None, None] - 0.5 * size[:, 0, None, None]  # (N, h, w)
     in_y = gy / scale_y[:, None, None] + center[:, 1, None, None] - 0.5 * size[:, 1, None, None]
-    grid = torch.stack((2.0 * in_x / (in_w - 1) - 1.0, 2.0 * in_y / (in_h - 1) - 1.0), dim=-1)  # (N, h, w, 2)
+    # (a frame 1 pixel wide or high has one column or row to sample: any finite grid value finds it)
+    grid = torch.stack((2.0 * in_x / max(in_w - 1, 1) - 1.0, 2.0 * in_y / max(in_h - 1, 1) - 1.0), dim=-1)
     shrink = torch.minimum(scale_x, scale_y) < 1.0  # (N,) bilinear where the crop shrinks
     pixels = image.float().unsqueeze(0)  # (1, 3, H, W)
     if sampling == "auto":
