@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from sapiens2_client.display import no_display
 from sapiens2_client.jsonl import JsonlError, LineWriter
 from sapiens2_client.video import RECORD_SUFFIXES
 
@@ -85,6 +86,8 @@ def preflight(cfg: RunConfig, specs: list[SourceSpec] | None = None) -> None:
             except JsonlError as exc:
                 raise ConfigError(str(exc)) from None
     _check_outputs_collide(cfg, specs, ids)
+    if cfg.show and no_display() is not None:
+        raise ConfigError(f"show: {no_display()}; drop --show, or watch in a browser with --view 127.0.0.1:8080")
     matte_background(cfg.matte_background)  # checked even when unused: a typo is a typo
     listeners = _listeners(cfg)
     for (what, port), (other, other_port) in itertools.combinations(listeners.items(), 2):

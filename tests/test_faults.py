@@ -231,6 +231,18 @@ def test_bad_input_is_one_line_before_any_model(cli_env: dict[str, str], tmp_pat
     assert source.read_bytes() == clip.read_bytes()
 
 
+@pytest.mark.parametrize("command", [[], ["subscribe"]], ids=["run", "subscribe"])
+def test_show_without_a_display_is_one_line_not_an_abort(cli_env: dict[str, str], tmp_path: Path, clip: Path,
+                                                          command: list[str]) -> None:
+    """OpenCV's Qt build aborts the process (SIGABRT, exit 134) when no display is there, and a
+    recording then keeps no frame: --show is refused first instead."""
+    env = {k: v for k, v in cli_env.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY")}
+    args = ["--show"] if command else ["--source", clip, *TINY_POSE, "--show", "--record", tmp_path / "out.mp4"]
+    ran = run_cli([*command, *args], env, tmp_path)
+    assert_one_clear_error(ran, "--show" if command else "show", "no display")
+    assert "loaded " not in ran.stderr and not (tmp_path / "out.mp4").exists()
+
+
 @pytest.mark.parametrize("flag", ["--view", "--metrics", "--control"])
 def test_a_taken_port_is_refused_before_any_model(cli_env: dict[str, str], tmp_path: Path, clip: Path,
                                                   flag: str) -> None:

@@ -30,6 +30,7 @@ from typing import Any, NoReturn
 import numpy as np
 
 from . import wire
+from .display import no_display
 from .endpoints import check_endpoint
 from .jsonl import JsonlError, LineWriter, keypoint_record
 from .keys import CurveClientKeys, KeysError, make_keys
@@ -268,6 +269,9 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
         check_endpoint(args.endpoint, bind=False)
     except ValueError as e:
         print(f"error: cannot connect: {e}", file=sys.stderr)
+        return 1
+    if args.show and no_display() is not None:
+        print(f"error: --show: {no_display()}; drop --show (--record FILE keeps the frames)", file=sys.stderr)
         return 1
     try:
         outputs = _Outputs(args)
