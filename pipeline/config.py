@@ -34,6 +34,7 @@ RECORD_CODECS = ("libx264", "h264", "mpeg4", "h264_nvenc", "hevc_nvenc")  # as p
 ANNOTATION_LAYERS = ("matte", "seg", "boxes", "pose", "side3d", "hud")  # side3d: the 3D inset (--keypoints3d)
 DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 AUTO_KEYS = ("channels_last",)  # bool-or-null keys where "auto" (or null) means: decided by the device
+MAX_FRAGMENT_S = 60.0  # record_fragment_s: a keyframe at least every two minutes of media
 
 
 def option(default: Any = dataclasses.MISSING, help: str = "", *, flag: str | None = None,
@@ -153,8 +154,9 @@ class RunConfig:
                                  metavar="N")
     # outputs
     record: str | None = option(None, "write the annotated video here (.mp4, .mkv, .mov)")
-    record_fragment_s: float = option(1.0, "at most this many seconds of a recording are lost if the process "
-                                           "is killed or the disk fills (fragment length)")
+    record_fragment_s: float = option(1.0, "a keyframe every 2x this many seconds of media (for seeking; at most "
+                                           "60); a kill or a full disk loses at most the frame being written of an "
+                                           ".mp4/.mov, 0.1 s of an .mkv (shorter values also shorten .mkv clusters)")
     record_codec: str = option("libx264", "recording encoder; *_nvenc use the GPU's encoder and fall back to "
                                           "libx264, then mpeg4", choices=list(RECORD_CODECS))
     save_keypoints: str | None = option(None, "write one JSON line per frame here (.jsonl)")
@@ -223,6 +225,9 @@ class RunConfig:
         for key in ("stall_timeout_s", "smooth_min_cutoff", "record_fragment_s", "batch_timeout_s"):
             if not getattr(self, key) > 0:
                 raise ConfigError(f"{key}: must be positive, got {getattr(self, key)}")
+        if self.record_fragment_s > MAX_FRAGMENT_S:
+            raise ConfigError(f"record_fragment_s: at most {MAX_FRAGMENT_S:g} (a keyframe every "
+                              f"{2 * MAX_FRAGMENT_S:g} s), got {self.record_fragment_s:g}")
         if self.smooth_beta < 0:
             raise ConfigError(f"smooth_beta: must be at least 0, got {self.smooth_beta}")
         if not 1 <= self.jpeg_quality <= 100:
@@ -287,6 +292,12 @@ def _check_type(key: str, value: Any) -> Any:
     elif origin is str:
         ok = isinstance(value, str)
     elif origin is list:
+        parse = FIELDS[key].metadata.get("parse")
+        if isinstance(value, str) and parse is not None and typing.get_args(base)[0] is int:  # 1024x768, as the flag
+            try:
+                value = parse(value)
+            except ValueError as exc:
+                raise ConfigError(f"{key}: {exc}") from None
         if isinstance(value, str):
             split = FIELDS[key].metadata.get("split", True)
             value = [v.strip() for v in value.split(",") if v.strip()] if split else [value]
@@ -333,12 +344,18 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
     origins: dict[str, str] = {}
     if path is not None:
         path = Path(path)
+        if path.is_dir():
+            raise ConfigError(f"{path}: is a folder; --config takes a YAML file (e.g. configs/demo.yaml)")
         if not path.is_file():
             raise ConfigError(f"{path}: config file not found")
         try:
-            data = yaml.safe_load(path.read_text()) or {}
+            data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
         except yaml.YAMLError as exc:
             raise ConfigError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{path}: not a UTF-8 text file (byte {exc.start}); save the YAML as UTF-8") from None
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read it ({exc.strerror or exc})") from None
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: expected a mapping of keys to values")
         cfg = merge(cfg, data, str(path))

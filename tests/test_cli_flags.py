@@ -85,3 +85,29 @@ def test_a_flag_sets_its_key(name: str) -> None:
 
 
 RUN_DEFAULTS = {name: getattr(load_config(None), name) for name in FIELDS}
+
+
+def test_a_yaml_size_is_written_as_on_the_command_line(tmp_path) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text("pose_input: 256x192\ndense_input: [512, 384]\n")
+    cfg = load_config(config)
+    assert cfg.pose_input == [256, 192] and cfg.dense_input == [512, 384]
+
+
+@pytest.mark.parametrize("content, needle", [
+    (b"pose_input: 256y192\n", "pose_input: expected HEIGHTxWIDTH"),
+    (b"\xff\xfe\x00", "not a UTF-8 text file"),
+    (b"record_fragment_s: 1000000000.0\n", "record_fragment_s: at most 60"),
+    (None, "is a folder"),
+])
+def test_a_bad_config_file_is_named_with_what_is_wrong(tmp_path, content: bytes | None, needle: str) -> None:
+    from pipeline.config import ConfigError
+
+    config = tmp_path / "c.yaml"
+    if content is None:
+        config.mkdir()
+    else:
+        config.write_bytes(content)
+    with pytest.raises(ConfigError) as caught:
+        load_config(config)
+    assert str(caught.value).startswith(str(config)) and needle in str(caught.value), caught.value

@@ -141,7 +141,7 @@ def open_with_timeout(
                         interrupt()
                     raise SourceError(
                         f"{label}: no frame within {timeout_s:.1f} s of opening; "
-                        "check that the camera/stream is delivering, or raise the open timeout"
+                        "check that the camera/stream is delivering frames"
                     )
             break
     if "error" in box:

@@ -94,8 +94,8 @@ class VideoWriter:
                  bitrate: int | None = None, preset: str | None = None, fragment_s: float = 1.0) -> None:
         if codec not in FALLBACKS:
             raise RecorderError(f"unknown codec {codec!r}; choose one of {sorted(FALLBACKS)}")
-        if fragment_s <= 0:
-            raise RecorderError(f"fragment_s must be positive, got {fragment_s}")
+        if not 0 < fragment_s <= 60:  # a keyframe at least every two minutes of media (NaN refused too)
+            raise RecorderError(f"fragment_s must be within (0, 60] seconds, got {fragment_s}")
         self.path = Path(path)
         self.fps, self.requested_codec, self.crf, self.bitrate, self.preset = fps, codec, crf, bitrate, preset
         self.fragment_s = fragment_s
