@@ -158,6 +158,9 @@ def unused_settings(cfg: RunConfig) -> list[str]:
         notes.append(f"--detector-model is not used with --detector {cfg.detector}")
     if cfg.matte_background != RunConfig.matte_background and "matting" not in cfg.tasks:
         notes.append("--matte-background is not used without the matting task (--tasks ... matting)")
+    for key, flag in (("pointmap_every", "--pointmap-every"), ("keypoints3d_window", "--keypoints3d-window")):
+        if getattr(cfg, key) != getattr(RunConfig, key) and not cfg.keypoints3d:
+            notes.append(f"{flag} is used only with --keypoints3d")
     if cfg.curve_client != RunConfig.curve_client and not (cfg.publish_connect and cfg.curve_dir):
         notes.append("--curve-client is used only with --publish-connect and --curve-dir")
     return notes

@@ -55,8 +55,10 @@ def check_source_settings(entry: dict[str, Any], where: str) -> None:
 def split_source(text: str, where: str = "source") -> tuple[str | None, str]:
     """``NAME=SPEC`` -> (NAME, SPEC); a SPEC alone (URLs with ``=`` in their query too) -> (None, SPEC)."""
     name, sep, uri = text.partition("=")
-    if not sep or "://" in name or "/" in name or not _NAME.fullmatch(name) or Path(text).exists():
-        return None, text.strip()
+    if not sep or "://" in name or "/" in name or "\\" in name or Path(text).exists():
+        return None, text.strip()  # a path or URL with = in it (a name cannot hold / anyway)
+    if not _NAME.fullmatch(name):  # meant as a name (there is no such file): say what a name may hold
+        check_source_name(name, where)
     if not uri.strip():
         raise ConfigError(f"{where}: {text!r} names a source but gives nothing to open; write NAME=SPEC")
     return name, uri.strip()

@@ -259,10 +259,12 @@ def test_a_taken_port_is_refused_before_any_model(cli_env: dict[str, str], tmp_p
 
 
 def test_a_setting_this_run_does_not_use_is_named(cli_env: dict[str, str], tmp_path: Path, clip: Path) -> None:
-    ran = run_cli(["--source", clip, *TINY_POSE, "--detector-model", "yolo11n.yaml", "--max-frames", "1"], cli_env,
-                  tmp_path)
+    ran = run_cli(["--source", clip, *TINY_POSE, "--detector-model", "yolo11n.yaml", "--max-frames", "1",
+                   "--pointmap-every", "3", "--keypoints3d-window", "5"], cli_env, tmp_path)
     assert ran.rc == 0, ran.stderr
     assert "--detector-model is not used with --detector full-frame" in ran.stderr
+    assert "--pointmap-every is used only with --keypoints3d" in ran.stderr
+    assert "--keypoints3d-window is used only with --keypoints3d" in ran.stderr
 
 
 def test_a_bad_flag_is_blamed_on_the_flag_not_on_the_config_file(cli_env: dict[str, str], tmp_path: Path,

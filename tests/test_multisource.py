@@ -89,6 +89,7 @@ def test_a_bad_source_is_reported_and_the_others_finish(tiny: Path, cli_env: dic
         (["--source", "x=demo", "--source", "x=demo"], ["--source 'x=demo' and --source 'x=demo'", "both named 'x'"]),
         (["--source", "cam1=demo", "--source", "demo"], ["both named 'cam1'", "unnamed sources are cam0, cam1"]),
         (["--source", "=demo"], ["name is empty"]),
+        (["--source", "a.b=demo"], ["source id 'a.b'", "letters, digits"]),  # not "no such file 'a.b=demo'"
         (["--source", "demo", "--source", "demo", "--record", "out.mp4"], ["{source}"]),
         (["--source", "demo", "--source", "demo", "--record", "out/{sourc}.mp4"], ["{sourc}", "not a placeholder"]),
         (["--source", "demo", "--source", "demo", "--source-id", "one"], ["--source-id", "NAME=SPEC"]),
