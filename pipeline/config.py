@@ -100,7 +100,8 @@ class RunConfig:
                                           "first frame arrived (a late source's slot stays empty)",
                                     flag="batch-timeout")
     control: str | None = option(None, "serve add/remove/list of sources on this ZeroMQ endpoint while running, "
-                                       "e.g. tcp://127.0.0.1:5560 (see `sapiens2-stream control`)")
+                                       "e.g. tcp://127.0.0.1:5560 (see `sapiens2-stream control`); the run then "
+                                       "waits for new sources when all have ended, until SIGINT/SIGTERM")
     # models
     tasks: list[str] = option(help=f"comma list of {','.join(TASKS)}", factory=lambda: ["pose", "seg"])
     model_size: str = option("0.4b", "Sapiens2 size of the hub checkpoints", choices=["0.4b", "0.8b", "1b", "5b"])
