@@ -18,6 +18,9 @@ Served with the official ``prometheus_client`` (its text format, its own registr
 alive, not stuck in a loop that stopped) and then while the pipeline loop runs (it saw a frame or
 an idle poll within the last 10 s); ``/readyz`` 200 once the models are loaded and at least one
 source delivers, 503 otherwise. ``MetricsSink`` is the sink that feeds them.
+
+Every series of a source exists (at 0) from the moment it opens, and a source that could not open
+has ``sapiens2_source_up`` 0; a source that ended or was removed leaves ``source_up``.
 """
 
 from __future__ import annotations
@@ -82,6 +85,19 @@ class PipelineMetrics:
 
     def watch_publisher(self, publisher: Any) -> None:
         self._publisher = publisher
+        if publisher is not None:  # every kind has a sample (0) from the start: rate() and alerts see them
+            for kind in ("keypoints", "frame", "seg", "matte", "status"):
+                self.publisher_dropped.labels(kind)
+
+    def source_opened(self, source: str) -> None:
+        """Its series exist from now on, at 0 until something happens (not only after the first event)."""
+        self.source_up.labels(source).set(0)
+        for counter in (self.frames, self.dropped, self.reopens, self.decode_errors):
+            counter.labels(source)
+
+    def source_failed(self, source: str) -> None:
+        """A source that could not open stays in the figures, down (sources that end or are removed leave them)."""
+        self.source_opened(source)
 
     def beat(self) -> None:
         self.heartbeat = time.monotonic()
@@ -169,7 +185,7 @@ class MetricsSink:
         self.metrics = metrics
 
     def open(self, info: StreamInfo) -> None:
-        self.metrics.source_up.labels(info.source_id).set(0)
+        self.metrics.source_opened(info.source_id)
         self.metrics.beat()
 
     def write(self, result: FrameResult) -> None:

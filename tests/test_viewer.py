@@ -475,33 +475,29 @@ def test_the_page_ships_the_javascript_clients_own_build() -> None:
 
 def test_metrics_grow_and_health_says_ready(tiny: Path, cli_env: dict[str, str], tmp_path: Path,
                                            long_clip: Path) -> None:
-    from prometheus_client.parser import text_string_to_metric_families
-
     listen = f"127.0.0.1:{_port()}"
-    pipeline = _start(["--source", f"hall={long_clip}", "--realtime", "--tasks", "pose", *OFFLINE, "--metrics",
-                       listen, "--publish", f"tcp://127.0.0.1:{_port()}"], env=cli_env, cwd=tmp_path)
+    pipeline = _start(["--source", f"hall={long_clip}", "--realtime", "--source", f"gone={tmp_path / 'missing.mp4'}",
+                       "--tasks", "pose", *OFFLINE, "--metrics", listen, "--publish", f"tcp://127.0.0.1:{_port()}"],
+                      env=cli_env, cwd=tmp_path)
     try:
         _wait_http(f"http://{listen}/healthz", [pipeline])
-
-        def scrape() -> dict[str, dict]:
-            code, text = _get(f"http://{listen}/metrics")
-            assert code == 200
-            out: dict[str, dict] = {}
-            for family in text_string_to_metric_families(text):
-                for sample in family.samples:
-                    out.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
-            return out
-
         deadline = time.monotonic() + 180
         while _get(f"http://{listen}/readyz")[0] != 200:  # 503 while the models load, then ready
             assert pipeline.poll() is None and time.monotonic() < deadline, pipeline.communicate()[1]
             time.sleep(0.2)
-        first = scrape()
+        first = _scrape(listen)
+        # every series exists from the start, at 0 until something happens; a source that never
+        # opened is there too, down
+        assert first["sapiens2_source_up"][(("source", "gone"),)] == 0
+        for name in ("sapiens2_source_reopens_total", "sapiens2_decode_errors_total", "sapiens2_frames_dropped_total"):
+            assert (("source", "hall"),) in first[name], (name, first.get(name))
+        assert {labels for labels in first["sapiens2_publisher_dropped_total"]} >= {
+            (("kind", kind),) for kind in ("keypoints", "frame", "status")}
         frames = first["sapiens2_frames_total"][(("source", "hall"),)]
-        while scrape()["sapiens2_frames_total"][(("source", "hall"),)] <= frames:
+        while _scrape(listen)["sapiens2_frames_total"][(("source", "hall"),)] <= frames:
             assert time.monotonic() < deadline, "the frame counter did not grow"
             time.sleep(0.3)
-        second = scrape()
+        second = _scrape(listen)
         assert second["sapiens2_stage_latency_seconds_count"][(("stage", "pose"),)] > \
             first["sapiens2_stage_latency_seconds_count"].get((("stage", "pose"),), 0)
         assert second["sapiens2_capture_to_output_seconds_count"][(("source", "hall"),)] > 0
