@@ -17,6 +17,7 @@ import numpy as np
 
 from sapiens2_client.display import no_display
 from sapiens2_client.jsonl import JsonlError, LineWriter
+from sapiens2_client.paths import unwritable
 from sapiens2_client.video import RECORD_SUFFIXES
 
 from .config import ConfigError, RunConfig
@@ -45,6 +46,9 @@ def check_output_path(path: str, what: str, suffixes: tuple[str, ...] | None = N
         raise ConfigError(f"{what}: cannot create {path!r} ({target} is not a folder)")
     if not os.access(target, os.W_OK) or _read_only_mount(target):
         raise ConfigError(f"{what}: {target} is not writable; pick another path")
+    why = unwritable(p)  # a probe file: finds what os.access says yes to (/proc, a folder refusing even root)
+    if why is not None:
+        raise ConfigError(f"{what}: cannot create {path!r} ({why}); pick another path")
 
 
 def _read_only_mount(path: Path) -> bool:

@@ -206,6 +206,7 @@ BAD_INPUT = [
     (["--smooth", "--smooth-beta", "nan"], ["--smooth-beta", "finite"]),
     (["--matte-background", "missing.jpg"], ["matte_background", "missing.jpg"]),  # checked without matting too
     (["--detector", "yolo", "--detector-model", "person.pth"], ["person.pth", "Ultralytics"]),
+    (["--record", "/proc/x.mp4"], ["record", "/proc/x.mp4", "cannot create"]),  # os.access says yes as root
     (["--record", "{clip}"], ["record", "is the source file", "destroy the input"]),
     (["--save-keypoints", "{clip}"], ["save_keypoints", "video name", ".jsonl"]),
     (["--record", "same.mp4", "--save-keypoints", "same.mp4"], ["save_keypoints", "video name"]),
