@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -26,11 +25,11 @@ from torch import Tensor
 from .config import ConfigError, Sapiens2Config
 from .configjson import config_from_json, infer_config
 from .model import Sapiens2
+from .names import is_hub_id
 from .remap import detect_layout, original_to_ours, reference_to_original
 from .remap import fuse_qkv as fuse_qkv_weights
 
 log = logging.getLogger(__name__)
-HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 RANDOM_INIT_KEY = "sapiens2_stream"  # safetensors metadata written by make-tiny
 
 
@@ -110,14 +109,6 @@ def resolve_hub(repo_id: str) -> Path:
     except Exception as exc:  # network, auth and repo errors all end the same way for the user
         reason = f"{type(exc).__name__}: {exc}"
         raise CheckpointError(f"{repo_id}: could not fetch from the Hugging Face hub ({reason})") from None
-
-
-def is_hub_id(source: str | os.PathLike) -> bool:
-    """True when ``source`` names a hub repo (``owner/name``) rather than a local path."""
-    path = Path(source)
-    looks_like_file = path.suffix in (".safetensors", ".pt", ".pth", ".bin", ".ckpt", ".json")
-    return (not path.exists() and isinstance(source, str) and bool(HUB_ID.match(source)) and not looks_like_file
-            and not source.startswith((".", "/")))
 
 
 def locate(source: str | os.PathLike) -> Path:
