@@ -19,6 +19,7 @@ from sapiens2_client.display import no_display
 from sapiens2_client.jsonl import JsonlError, LineWriter
 from sapiens2_client.paths import unwritable
 from sapiens2_client.video import RECORD_SUFFIXES
+from stages.sapiens2.names import is_hub_id
 
 from .config import ConfigError, RunConfig
 from .sourcespecs import SourceSpec
@@ -110,6 +111,10 @@ def preflight(cfg: RunConfig, specs: list[SourceSpec] | None = None) -> None:
             check_detector_model(cfg.detector_model, cfg.trust_detector_model)
         except DetectorError as exc:
             raise ConfigError(f"detector_model: {exc}") from None
+    for task, source in cfg.checkpoints.items():
+        if not is_hub_id(source) and not Path(source).exists():
+            raise ConfigError(f"checkpoints: {task}={source}: no such checkpoint file or folder, and not a hub id "
+                              "(owner/name)")
     if cfg.curve_dir and not Path(cfg.curve_dir).is_dir():
         raise ConfigError(f"curve_dir: {cfg.curve_dir!r} is not a folder; create keys with "
                           f"`sapiens2-stream keys {cfg.curve_dir}`")

@@ -206,6 +206,7 @@ BAD_INPUT = [
     (["--smooth", "--smooth-beta", "nan"], ["--smooth-beta", "finite"]),
     (["--matte-background", "missing.jpg"], ["matte_background", "missing.jpg"]),  # checked without matting too
     (["--detector", "yolo", "--detector-model", "person.pth"], ["person.pth", "Ultralytics"]),
+    (["--checkpoint", "pose=./my-pose-ckpt"], ["pose=./my-pose-ckpt", "no such checkpoint", "hub id"]),
     (["--record", "/proc/x.mp4"], ["record", "/proc/x.mp4", "cannot create"]),  # os.access says yes as root
     (["--record", "{clip}"], ["record", "is the source file", "destroy the input"]),
     (["--save-keypoints", "{clip}"], ["save_keypoints", "video name", ".jsonl"]),
