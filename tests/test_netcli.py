@@ -116,6 +116,7 @@ def test_keys_then_broker_round_trip(tmp_path: Path) -> None:
     [
         (["subscribe", "--endpoint", "nonsense"], "cannot connect"),
         (["subscribe", "--keys", "/nonexistent"], "sapiens2-stream keys"),
+        (["subscribe", "--topic", "frames"], "'frames' matches no message"),  # the kind is frame
         (["broker", "--xsub", "tcp://256.0.0.1:1"], "cannot bind"),
     ],
 )

@@ -261,6 +261,11 @@ def _hint(args: argparse.Namespace, timeout: float, stats: SubscriberStats) -> s
 
 def cmd_subscribe(args: argparse.Namespace) -> int:
     topics = list(args.topic or ["keypoints"])
+    useless = [t for t in topics if not any(k.startswith(t) or t.startswith(f"{k}.") for k in wire.KINDS)]
+    if useless:  # a prefix no topic starts with: it would wait in silence
+        print(f"error: --topic {useless[0]!r} matches no message; topics are KIND or KIND.SOURCE with KIND one "
+              f"of {', '.join(wire.KINDS)} ('' for all)", file=sys.stderr)
+        return 1
     if (args.record or args.show) and not any(t.startswith("frame") or t == "" for t in topics):
         topics.append("frame")
     if args.save_keypoints and not any(t.startswith(("keypoints", "status")) or t == "" for t in topics):
