@@ -22,7 +22,7 @@ from sapiens2_client.video import RECORD_SUFFIXES
 from stages.sapiens2.names import is_hub_id
 
 from .config import ConfigError, RunConfig
-from .sourcespecs import SourceSpec
+from .sourcespecs import SourceSpec, missing_file
 
 # what Ultralytics loads as a detector (weights, its exports, or an architecture with random weights)
 DETECTOR_SUFFIXES = (".pt", ".yaml", ".yml", ".onnx", ".torchscript", ".engine", ".mlpackage", ".tflite")
@@ -69,6 +69,8 @@ def preflight(cfg: RunConfig, specs: list[SourceSpec] | None = None) -> None:
     specs = specs if specs is not None else cfg.source_specs()
     several = len(specs) > 1 or cfg.control is not None
     ids = [s.id or "src" for s in specs]
+    if len(specs) == 1 and missing_file(specs[0].uri) is not None:  # with several, the others would go on
+        raise ConfigError(f"source {missing_file(specs[0].uri)}")
     for key in ("record", "save_keypoints"):
         path = getattr(cfg, key)
         unknown = [p for p in re.findall(r"\{[^{}]*\}", path or "") if p != "{source}"]

@@ -52,6 +52,16 @@ def check_source_settings(entry: dict[str, Any], where: str) -> None:
         raise ConfigError(f"{where}: stall_timeout_s must be a positive number of seconds, got {stall}")
 
 
+def missing_file(uri: str) -> str | None:
+    """Why a source that names a local file (a video, ``loop:FILE``, an image) cannot open because
+    the file is not there, or None (it exists, or the source is a camera, a stream, the demo, a glob)."""
+    path = uri.removeprefix("loop:")
+    if (path == "demo" or path.startswith(("webcam", "/dev/video")) or "://" in path
+            or any(ch in path for ch in "*?[") or Path(path).exists()):
+        return None
+    return f"{path!r}: no such file; check the path (use --source demo for the built-in clip)"
+
+
 def split_source(text: str, where: str = "source") -> tuple[str | None, str]:
     """``NAME=SPEC`` -> (NAME, SPEC); a SPEC alone (URLs with ``=`` in their query too) -> (None, SPEC)."""
     name, sep, uri = text.partition("=")

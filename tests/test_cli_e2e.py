@@ -8,6 +8,7 @@ or for real weights. Every subprocess has a timeout; nothing here can hang.
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -129,10 +130,16 @@ def test_video_file_keypoints_inside_frame(file_run: dict) -> None:
 
 
 # -- 3. bad input: one clear line, non-zero, within seconds ----------------------------------
-def test_missing_file(tiny: Path, cli_env: dict[str, str], tmp_path: Path) -> None:
+def test_missing_file(cli_env: dict[str, str], tmp_path: Path) -> None:
+    """Refused before torch is imported (seconds on a slow machine): a torch that cannot import proves it."""
+    fake = tmp_path / "no-torch" / "torch"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('torch was imported before the source was checked')\n")
+    env = {**cli_env, "PYTHONPATH": os.pathsep.join(filter(None, [str(fake.parent), cli_env.get("PYTHONPATH")]))}
     missing = tmp_path / "nope.mp4"
-    ran = run_cli(["--source", missing, "--tasks", "pose", *OFFLINE], cli_env, tmp_path)
-    assert_one_clear_error(ran, "no such file", str(missing))
+    for spec in (missing, f"loop:{missing}"):
+        ran = run_cli(["--source", spec, "--tasks", "pose", *OFFLINE], env, tmp_path)
+        assert_one_clear_error(ran, "no such file", str(missing))
 
 
 def test_corrupt_file(tiny: Path, cli_env: dict[str, str], tmp_path: Path) -> None:
