@@ -64,12 +64,13 @@ def expand(path: str, source_id: str) -> str:
     return path.replace("{source}", source_id)
 
 
-def preflight(cfg: RunConfig, specs: list[SourceSpec] | None = None) -> None:
-    """Everything that can be known wrong before a model loads; ConfigError (one line) if so."""
+def preflight(cfg: RunConfig, specs: list[SourceSpec] | None = None, *, check_sources: bool = True) -> None:
+    """Everything that can be known wrong before a model loads; ConfigError (one line) if so.
+    ``check_sources=False``: the specs only name the outputs (batch checks its inputs itself)."""
     specs = specs if specs is not None else cfg.source_specs()
     several = len(specs) > 1 or cfg.control is not None
     ids = [s.id or "src" for s in specs]
-    if len(specs) == 1 and missing_file(specs[0].uri) is not None:  # with several, the others would go on
+    if check_sources and len(specs) == 1 and missing_file(specs[0].uri) is not None:  # several: the others go on
         raise ConfigError(f"source {missing_file(specs[0].uri)}")
     for key in ("record", "save_keypoints"):
         path = getattr(cfg, key)

@@ -278,7 +278,7 @@ def batch_config(args: argparse.Namespace) -> RunConfig:
         log.warning("batch: ignoring %s from %s (sources come from INPUTS, outputs go to --out)",
                     ", ".join(ignored), args.config)
     cfg = dataclasses.replace(cfg, **defaults)
-    preflight(cfg, [SourceSpec("video", "-")])  # annotation background, detector model
+    preflight(cfg, [SourceSpec("video", "-")], check_sources=False)  # annotation background, detector model
     return cfg
 
 
