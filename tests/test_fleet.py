@@ -70,6 +70,37 @@ def test_bad_fleet_file_is_one_line_before_anything_starts(tmp_path: Path, cli_e
 
 
 @pytest.mark.timeout(120)
+def test_a_redis_restarted_empty_between_writes_gets_the_whole_state_back(tmp_path: Path) -> None:
+    """redis-py reconnects without a word: no write fails when Redis restarts while the controller
+    writes nothing, so only its new run id tells (the watch looks every CHECK_S)."""
+    from types import SimpleNamespace
+
+    import redis
+
+    from pipeline.cluster.fleet import redis_keys
+    from pipeline.cluster.fleetspec import Camera, FleetSpec
+    from pipeline.cluster.mirror import Mirror
+
+    port = free_port()
+    server = start_redis(tmp_path, port)
+    db = redis.Redis.from_url(f"redis://127.0.0.1:{port}/0", socket_timeout=5, socket_connect_timeout=3)
+    keys = redis_keys("t")
+    mirror = Mirror(db, "t", keys)
+    try:
+        state = SimpleNamespace(spec=FleetSpec("tcp://127.0.0.1:1", "redis://x", 2), starts=1, outages=[],
+                                cameras={"a": Camera("a", "demo")}, placement={"a": 0})
+        mirror.write(lambda pipe: pipe.hset(keys["placement"], "a", 0))
+        stop_redis(server)
+        server = start_redis(tmp_path, port)  # empty: --save "" --appendonly no
+        mirror.probe()  # what status asks, and the watch thread every CHECK_S
+        mirror.catch_up(state)
+        assert db.hgetall(keys["placement"]) == {b"a": b"0"} and db.hexists(keys["cameras"], "a")
+        assert json.loads(db.get(keys["spec"]))["capacity"] == 2
+    finally:
+        mirror.close()
+        stop_redis(server)
+
+
 def test_unreachable_redis_and_ray_address_are_one_line(tmp_path: Path, cli_env: dict) -> None:
     with Broker("tcp://127.0.0.1:*", "tcp://127.0.0.1:*") as broker:
         fleet = _fleet_file(tmp_path, broker=broker.xsub_endpoint)

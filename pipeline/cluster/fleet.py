@@ -255,6 +255,7 @@ class FleetController:
         import ray
 
         self._stop.set()
+        self.mirror.close()
         with self._lock:
             for worker in self.workers.values():
                 try:
