@@ -66,3 +66,31 @@ def test_missing_keys_are_actionable(tmp_path: Path) -> None:
         CurveServerKeys.from_dir(tmp_path)
     with pytest.raises(KeysError, match="sapiens2-stream keys"):
         CurveClientKeys.from_dir(tmp_path)
+
+
+def test_a_pipeline_refused_by_a_curve_broker_blames_the_broker_and_never_says_connected(keys: Path,
+                                                                                         caplog) -> None:
+    """A publisher connecting with keys the broker does not authorise: the TCP connection opens, the
+    handshake fails. It said "a subscriber's handshake failed" and then "connected to the broker"."""
+    import logging
+
+    from pipeline.net.broker import Broker
+    from pipeline.sinks import publisher as publisher_module
+
+    caplog.set_level(logging.INFO, logger=publisher_module.__name__)
+    with Broker("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", curve=CurveServerKeys.from_dir(keys / "keys")) as broker:
+        server_public = CurveClientKeys.from_dir(keys / "keys", "alice").server_public
+        mallory = CurveClientKeys.from_dir(keys / "other", "mallory")
+        pub = ZmqPublisher(broker.xsub_endpoint, connect=True, status_interval_s=0.1,
+                           curve=CurveClientKeys(mallory.public, mallory.secret, server_public))
+        pub.bind()
+        try:
+            deadline = time.monotonic() + 60
+            while "the broker's handshake at" not in caplog.text:
+                assert time.monotonic() < deadline, caplog.text
+                time.sleep(0.05)
+        finally:
+            pub.close()
+    assert "refused by CURVE authentication" in caplog.text, caplog.text
+    assert "connected to the broker" not in caplog.text and "a subscriber's handshake" not in caplog.text
+    assert "no broker ever answered" in caplog.text

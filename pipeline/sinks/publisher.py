@@ -18,7 +18,9 @@ Binding (``bind()``, called before any model loads so a taken port fails in seco
 connecting to a broker's XSUB side (``connect=True``). With CURVE the publisher is the server when
 it binds (client keys in ``authorized/``, re-read when an unknown key knocks) and a client of the
 broker when it connects. A subscriber refused by CURVE, or one whose handshake fails (no keys),
-is logged as a warning; binding a non-loopback address without CURVE warns too.
+is logged as a warning; binding a non-loopback address without CURVE warns too. Connecting, the
+broker counts as there once its handshake succeeded: its refusal, its loss and its return are
+logged, and a run that ended with no broker ever there says so at close.
 """
 
 from __future__ import annotations
@@ -142,7 +144,9 @@ class ZmqPublisher:
         self._thread: threading.Thread | None = None
         self._handshake_warned = (0.0, 0)  # (last warning, failures since)
         self.connections = 0  # open ZeroMQ connections (subscribers, or the broker when connecting)
-        self._broker_wait: tuple[float, bool] | None = None  # connecting: (since when, warned) until connected
+        # connecting to a broker: whether its handshake succeeded, since when it has not, whether that
+        # was said, whether it ever answered (see _watch_broker)
+        self._broker_up, self._broker_down_since, self._broker_warned, self._broker_ever = False, 0.0, False, False
 
     # -- set-up -----------------------------------------------------------------------------
     def bind(self) -> None:
@@ -165,7 +169,7 @@ class ZmqPublisher:
             if self.curve is not None:
                 self.curve.apply(sock)
             self._monitor = sock.get_monitor_socket(sum(_HANDSHAKE_EVENTS) | zmq.EVENT_ACCEPTED | zmq.EVENT_CONNECTED
-                                                    | zmq.EVENT_DISCONNECTED)
+                                                    | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED)
             self._sock = sock
             if self.connect:
                 sock.connect(self.requested_endpoint)
@@ -183,8 +187,7 @@ class ZmqPublisher:
                         "create keys with `sapiens2-stream keys DIR` and pass --curve-dir DIR", self.endpoint)
         self._thread = threading.Thread(target=self._status_loop, name="zmq-status", daemon=True)
         self._thread.start()
-        if self.connect:
-            self._broker_wait = (time.monotonic(), False)
+        self._broker_down_since = time.monotonic()
         log.info("publishing on %s%s", self.endpoint, " (connecting to a broker)" if self.connect else "")
 
     # -- Sink protocol ----------------------------------------------------------------------
@@ -263,6 +266,9 @@ class ZmqPublisher:
         if self._thread is not None:
             self._thread.join(timeout=max(2.0, 2 * self.status_interval_s))
             self._thread = None
+            if self.connect and not self._broker_ever:
+                log.warning("no broker ever answered at %s: nothing this run published reached a subscriber",
+                            self.endpoint)
         if self._sock is not None:
             with self._lock:
                 for source in self._sources.values():
@@ -399,18 +405,30 @@ class ZmqPublisher:
                         self._publish_status(source)
 
     def _watch_broker(self) -> None:
-        """Connecting to a broker: say once when none has answered for BROKER_WAIT_S (ZeroMQ keeps
-        trying, silently, and publishes nothing meanwhile), and again when one does."""
-        if self._broker_wait is None:
+        """Connecting to a broker: say once when none has answered (a completed handshake) for
+        BROKER_WAIT_S, at the start or after it was lost (ZeroMQ keeps trying, silently, and publishes
+        nothing meanwhile); _on_broker_event says when it answers and when it is lost."""
+        if not self.connect or self._broker_up or self._broker_warned:
             return
-        since, warned = self._broker_wait
-        if self.connections > 0:
-            self._broker_wait = None
-            (log.warning if warned else log.info)("connected to the broker at %s", self.endpoint)
-        elif not warned and time.monotonic() - since >= BROKER_WAIT_S:
-            self._broker_wait = (since, True)
+        if time.monotonic() - self._broker_down_since >= BROKER_WAIT_S:
+            self._broker_warned = True
             log.warning("no broker answers at %s after %.0f s: nothing is published until one does (ZeroMQ "
-                        "keeps trying); is `sapiens2-stream broker` running there?", self.endpoint, BROKER_WAIT_S)
+                        "keeps trying); is `sapiens2-stream broker` running there, with these CURVE keys?",
+                        self.endpoint, BROKER_WAIT_S)
+
+    def _on_broker_event(self, event: int) -> None:
+        now = time.monotonic()
+        if event == zmq.EVENT_HANDSHAKE_SUCCEEDED and not self._broker_up:
+            if self._broker_ever:
+                log.warning("the broker at %s answers again after %.1f s", self.endpoint,
+                            now - self._broker_down_since)
+            else:
+                (log.warning if self._broker_warned else log.info)("connected to the broker at %s", self.endpoint)
+            self._broker_up, self._broker_ever = True, True
+        elif event == zmq.EVENT_DISCONNECTED and self._broker_up:
+            self._broker_up, self._broker_down_since, self._broker_warned = False, now, False
+            log.warning("lost the broker at %s: nothing is published until it answers again (ZeroMQ reconnects)",
+                        self.endpoint)
 
     def _watch_handshakes(self, timeout_s: float) -> None:
         """Count connections and log failed subscriber handshakes (rate-limited: a misconfigured client
@@ -433,6 +451,8 @@ class ZmqPublisher:
             self.connections += 1
         elif event == zmq.EVENT_DISCONNECTED:
             self.connections = max(0, self.connections - 1)
+        if self.connect:
+            self._on_broker_event(event)
         what = _HANDSHAKE_EVENTS.get(event)
         if what is None:
             return
@@ -440,7 +460,8 @@ class ZmqPublisher:
         now = time.monotonic()
         if now - last >= _WARN_EVERY_S:
             extra = f" ({count} more since the last warning)" if count else ""
-            log.warning("a subscriber's handshake on %s %s%s", self.endpoint, what, extra)
+            whose = "the broker's handshake at" if self.connect else "a subscriber's handshake on"
+            log.warning("%s %s %s%s", whose, self.endpoint, what, extra)
             self._handshake_warned = (now, 0)
         else:
             self._handshake_warned = (last, count + 1)
