@@ -193,9 +193,13 @@ def test_keys_are_added_never_replaced(tmp_path: Path) -> None:
     assert again.returncode == 0, again.stderr
     assert (keys / "server.key_secret").read_bytes() == server  # the server key stays
     assert (keys / "authorized" / "bob.key").is_file() and (keys / "authorized" / "alice.key").is_file()
-    same = subprocess.run([*CLI, "keys", keys, "--client", "alice"], capture_output=True, text=True, timeout=60)
-    assert same.returncode != 0 and "already exists" in same.stderr and len(same.stderr.splitlines()) == 1
+    # the same command again, with a new name: alice keeps her keys, carol gets hers
+    more = subprocess.run([*CLI, "keys", keys, "--client", "alice", "--client", "carol"], capture_output=True,
+                          text=True, timeout=60)
+    assert more.returncode == 0, more.stderr
+    assert "(carol)" in more.stdout and "kept the existing keys of alice" in more.stdout, more.stdout
     assert (keys / "clients" / "alice.key_secret").read_bytes() == alice
+    assert (keys / "authorized" / "carol.key").is_file() and (keys / "server.key_secret").read_bytes() == server
 
 
 # -- the broker from the command line --------------------------------------------------------

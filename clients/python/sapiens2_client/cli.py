@@ -33,7 +33,7 @@ from . import wire
 from .display import no_display
 from .endpoints import check_endpoint
 from .jsonl import JsonlError, LineWriter, keypoint_record
-from .keys import CurveClientKeys, KeysError, make_keys
+from .keys import CurveClientKeys, KeysError, existing_clients, make_keys
 from .messages import FrameMessage, KeypointsMessage, Message, StatusMessage
 from .subscriber import ReceiveTimeout, Subscriber, SubscriberStats
 
@@ -114,12 +114,16 @@ def cmd_keys(args: argparse.Namespace) -> int:
         print(f"error: {args.dir} has keys already; add clients with --client NAME", file=sys.stderr)
         return 1
     try:
+        kept = existing_clients(args.dir, clients)
         made = make_keys(args.dir, clients)
     except (OSError, KeysError) as e:
         print(f"error: cannot create keys in {args.dir}: {e}", file=sys.stderr)
         return 1
+    added = [c for c in clients if c not in kept]
     what = "publisher uses server.key_secret and authorized/, " if new_folder else "kept the server key; "
-    print(f"created {len(made)} key files in {args.dir} ({', '.join(clients)}): {what}clients use "
+    if kept:
+        what += f"kept the existing keys of {', '.join(kept)} (keys are never replaced); "
+    print(f"created {len(made)} key files in {args.dir} ({', '.join(added) or 'no new client'}): {what}clients use "
           f"clients/<name>.key_secret and server.key")
     return 0
 

@@ -124,11 +124,19 @@ class CurveKeyring:
         return False
 
 
+def existing_clients(directory: str | Path, clients: Sequence[str]) -> list[str]:
+    """The named clients that have a key (either half) in ``directory`` already."""
+    directory = Path(directory)
+    return [n for n in clients if (directory / "clients" / f"{n}.key_secret").exists()
+            or (directory / "authorized" / f"{n}.key").exists()]
+
+
 def make_keys(directory: str | Path, clients: Sequence[str] = ("client",)) -> list[Path]:
     """Create the server pair if the folder has none, and a pair for each client it lacks.
 
-    Existing keys are never replaced: naming a client that exists is an error, so that a typo
-    cannot silently revoke someone's access. Returns the files created.
+    Existing keys are never replaced (that would revoke their holders' access): a client named
+    again keeps its keys, so the same command can be run again with a new name added. Returns the
+    files created.
     """
     directory = Path(directory)
     for name in clients:
@@ -140,11 +148,7 @@ def make_keys(directory: str | Path, clients: Sequence[str] = ("client",)) -> li
     if server.exists() != server_secret.exists():
         raise KeysError(f"{directory} has only one of server.key / server.key_secret; restore the other, or remove "
                         "both and hand every client the new server.key")
-    existing = [n for n in clients if (directory / "clients" / f"{n}.key_secret").exists()
-                or (directory / "authorized" / f"{n}.key").exists()]
-    if existing:
-        raise KeysError(f"client key {existing[0]!r} already exists in {directory}; pick another name "
-                        f"(existing keys are never replaced)")
+    existing = existing_clients(directory, clients)
     (directory / "clients").mkdir(parents=True, exist_ok=True)
     (directory / "authorized").mkdir(exist_ok=True)
     made: list[Path] = []
@@ -152,6 +156,8 @@ def make_keys(directory: str | Path, clients: Sequence[str] = ("client",)) -> li
         made += [Path(p) for p in zmq.auth.create_certificates(directory, "server")]
         server_secret.chmod(0o600)
     for name in clients:
+        if name in existing:
+            continue
         public, secret = zmq.auth.create_certificates(directory / "clients", name)
         Path(secret).chmod(0o600)
         made += [Path(public), Path(secret), Path(shutil.copy(public, directory / "authorized"))]
