@@ -485,6 +485,7 @@ def test_missed_counts_real_gaps_not_a_hostile_frame_index_nor_the_sources_skips
     (["--xsub", "tcp://127.0.0.1:99999"], "out of range"),
     (["--xsub", "127.0.0.1:5642"], "did you mean tcp://127.0.0.1:5642"),
     (["--xpub", "tcp://127.0.0.1"], "tcp://HOST:PORT"),
+    (["--xsub", "tcp://127.0.0.1:5643", "--xpub", "tcp://127.0.0.1:5643"], "both use port 5643"),  # not "in use"
 ])
 def test_broker_refuses_a_bad_endpoint_in_one_line(args: list, match: str) -> None:
     proc = _start(["broker", *args])

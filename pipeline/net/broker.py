@@ -61,6 +61,10 @@ class Broker:
                 check_endpoint(endpoint, bind=True)
             except ValueError as e:
                 raise BrokerError(f"broker {flag}: {e}") from None
+        port = xsub.rpartition(":")[2]
+        if xsub.startswith("tcp://") and xpub.startswith("tcp://") and port not in ("*", "0") \
+                and xpub.rpartition(":")[2] == port:
+            raise BrokerError(f"broker: --xsub and --xpub both use port {port}; give each side its own")
         self._ctx = zmq.Context()
         self._auth: ThreadAuthenticator | None = None
         self._linger_ms = linger_ms
