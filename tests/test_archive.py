@@ -306,8 +306,11 @@ def test_inputs_from_folders_globs_and_manifests(tmp_path: Path) -> None:
     items = list_inputs([str(manifest)])
     assert [(i.video_id, i.path) for i in items] == [("first", str((videos / "sub" / "../a.MOV").absolute())),
                                                      ("second", str(videos / "notes.txt"))]
+    # the same video named twice (its folder and itself) is done once; two videos of one id are refused
+    assert [i.video_id for i in list_inputs([str(videos), str(videos / "a.MOV")])] == ["a", "b_clip"]
+    (tmp_path / "a.mp4").write_bytes(b"x")
     with pytest.raises(ConfigError, match="used twice"):
-        list_inputs([str(videos), str(videos / "a.MOV")])
+        list_inputs([str(videos), str(tmp_path / "a.mp4")])
     with pytest.raises(ConfigError, match="header must name video_id and path"):
         (videos / "bad.csv").write_text("id,file\nx,a.MOV\n")
         list_inputs([str(videos / "bad.csv")])

@@ -35,8 +35,8 @@ class Item:
 
 
 def list_inputs(specs: list[str]) -> list[Item]:
-    """Every video named by files, folders, globs and manifests; ConfigError for none, a bad id or a
-    repeated one."""
+    """Every video named by files, folders, globs and manifests, each once (a file named twice is one
+    input); ConfigError for none, a bad id or one id for two files."""
     items: list[Item] = []
     for spec in specs:
         path = Path(spec)
@@ -60,13 +60,18 @@ def list_inputs(specs: list[str]) -> list[Item]:
     if not items:
         raise ConfigError("no inputs: the manifests list no videos")
     seen: dict[str, Item] = {}
+    unique: list[Item] = []
     for item in items:
-        if item.video_id in seen:
+        first = seen.get(item.video_id)
+        if first is not None and Path(first.path).resolve() == Path(item.path).resolve():
+            continue  # the same video named twice (a folder and one of its files): done once
+        if first is not None:
             raise ConfigError(f"video id {item.video_id!r} is used twice ({seen[item.video_id].where} and "
                               f"{item.where}); ids name the output folders, so each video needs its own "
                               "(a manifest video_id,path names them)")
         seen[item.video_id] = item
-    return items
+        unique.append(item)
+    return unique
 
 
 def read_manifest(path: Path) -> list[Item]:
