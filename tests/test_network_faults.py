@@ -535,9 +535,29 @@ def test_broker_logs_a_refused_curve_client_as_a_warning(tmp_path: Path) -> None
     finally:
         err = _stop(broker)
     assert sub.returncode == 3 and "refused" in sub_err.strip().splitlines()[-1], sub_err
+    assert "these keys are not authorised there" in sub_err, sub_err
     public = (keys / "clients" / "mallory.key").read_text().split('public-key = "')[1].split('"')[0]
     warned = [line for line in err.splitlines() if line.startswith("WARNING") and "refused" in line]
     assert warned and public in warned[0], err
+
+
+def test_a_subscriber_with_another_folders_server_key_is_told_so(tmp_path: Path) -> None:
+    """Keys made by another `keys` run: the publisher cannot even read the handshake, so it is not
+    a refusal of these client keys (which the hint said)."""
+    for folder in ("keys", "other"):
+        ran = subprocess.run([*CLI, "keys", tmp_path / folder, "--client", "alice"], capture_output=True, text=True,
+                             timeout=60)
+        assert ran.returncode == 0, ran.stderr
+    broker, _, xpub = _broker(["--xsub", "tcp://127.0.0.1:0", "--xpub", "tcp://127.0.0.1:0", "--curve-dir",
+                               tmp_path / "keys"])
+    try:
+        sub = _start(["subscribe", "--endpoint", xpub, "--keys", tmp_path / "other", "--client-name", "alice",
+                      "--timeout", "2"])
+        _, sub_err = sub.communicate(timeout=60)
+    finally:
+        _stop(broker)
+    last = sub_err.strip().splitlines()[-1]
+    assert sub.returncode == 3 and "is not this publisher's" in last and "not authorised" not in last, sub_err
 
 
 def test_broker_logs_a_client_without_curve_keys_as_a_warning(tmp_path: Path) -> None:

@@ -252,6 +252,9 @@ def _hint(args: argparse.Namespace, timeout: float, stats: SubscriberStats) -> s
                 + ", ".join(why))
     curve = ("the publisher uses CURVE and these keys are not authorised there" if args.keys
              else "the publisher uses CURVE (then pass --keys DIR)")
+    if stats.handshakes_failed and args.keys and not stats.handshakes_refused:  # no answer to these keys at all
+        curve = (f"the server.key in {args.keys} is not this publisher's (it comes from another `keys` folder), "
+                 "or the publisher does not use CURVE")
     if stats.handshakes_failed:
         return (f"nothing received from {args.endpoint} within {timeout:g} s: it refused the connection "
                 f"{stats.handshakes_failed} time{'s' * (stats.handshakes_failed != 1)}; {curve}")

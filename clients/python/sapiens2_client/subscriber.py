@@ -64,6 +64,7 @@ class SubscriberStats:
     restarts: int = 0  # frame_index went backwards or leapt over MAX_GAP: a new baseline, nothing missed
     disconnects: int = 0  # connections lost (an oversized message, a publisher restart) and made again
     handshakes_failed: int = 0  # refused by the publisher (CURVE keys missing or not authorised); libzmq retries
+    handshakes_refused: int = 0  # of those, the publisher's answer was "not authorised" (the rest: wrong server key)
 
     @property
     def malformed(self) -> int:
@@ -171,6 +172,7 @@ class Subscriber:
                 continue
             if event["event"] & _HANDSHAKE_FAILED:
                 self.stats.handshakes_failed += 1
+                self.stats.handshakes_refused += bool(event["event"] & zmq.EVENT_HANDSHAKE_FAILED_AUTH)
                 self._refused.add(endpoint)
                 continue
             if endpoint in self._refused:  # the drop after a refused handshake: libzmq retries at its own pace
