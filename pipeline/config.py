@@ -34,6 +34,7 @@ RECORD_CODECS = ("libx264", "h264", "mpeg4", "h264_nvenc", "hevc_nvenc")  # as p
 ANNOTATION_LAYERS = ("matte", "seg", "boxes", "pose", "side3d", "hud")  # side3d: the 3D inset (--keypoints3d)
 DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 AUTO_KEYS = ("channels_last",)  # bool-or-null keys where "auto" (or null) means: decided by the device
+MAX_DET_IMGSZ = 4096  # detector input side: 6.4x the default already
 MAX_FRAGMENT_S = 60.0  # record_fragment_s: a keyframe at least every two minutes of media
 
 
@@ -139,7 +140,7 @@ class RunConfig:
     det_conf: float = option(0.25, "detector confidence threshold, 0..1")
     det_iou: float = option(0.7, "detector NMS IoU threshold, 0..1")
     max_persons: int = option(8, "most persons per frame (highest scores)")
-    det_imgsz: int = option(640, "detector input size in pixels (multiple of 32)")
+    det_imgsz: int = option(640, "detector input size in pixels (multiple of 32, at most 4096)")
     track: bool = option(False, "stable person ids (Ultralytics ByteTrack)")
     detect_every: int = option(1, "run the detector every N frames, carry boxes from the keypoints in between")
     # keypoints
@@ -216,6 +217,8 @@ class RunConfig:
             raise ConfigError(f"device: {self.device!r} is not a device; use auto, cpu, cuda or cuda:N")
         if self.det_imgsz % 32:
             raise ConfigError(f"det_imgsz: must be a multiple of 32, got {self.det_imgsz}")
+        if self.det_imgsz > MAX_DET_IMGSZ:  # a typo's extra digit would ask the device for gigabytes
+            raise ConfigError(f"det_imgsz: at most {MAX_DET_IMGSZ}, got {self.det_imgsz}")
         for key in ("det_conf", "det_iou", "kpt_threshold"):
             if not 0.0 <= getattr(self, key) <= 1.0:
                 raise ConfigError(f"{key}: must be within 0..1, got {getattr(self, key)}")

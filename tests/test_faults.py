@@ -193,6 +193,7 @@ BAD_INPUT = [
     (["--publish", "127.0.0.1:5555"], ["tcp://127.0.0.1:5555"]),
     (["--publish-connect", "tcp://*:5556"], ["only when binding"]),
     (["--det-conf", "5"], ["--det-conf", "0..1"]),
+    (["--det-imgsz", "64000"], ["--det-imgsz", "at most 4096"]),
     (["--tasks", "matting", "--matte-background", "missing.jpg"], ["matte_background", "missing.jpg"]),
     (["--detector", "yolo", "--detector-model", "/nonexistent.pt"], ["/nonexistent.pt", "no such file"]),
     (["--detector", "yolo", "--detector-model", "evil.pt"], ["pickle", "--trust-detector-model"]),
