@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
@@ -27,13 +26,14 @@ from sapiens2_client.endpoints import check_endpoint, is_loopback
 from sapiens2_client.keys import CurveKeyring, CurveServerKeys
 from sapiens2_client.wire import BROKER_XPUB, BROKER_XSUB
 
+from .monitoring import Throttle
+
 log = logging.getLogger(__name__)
 _HANDSHAKE_FAILED = {
     zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "failed",
     zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "failed (protocol: a client without CURVE keys, or with another server's "
                                          "public key?)",
 }
-_WARN_EVERY_S = 10.0
 
 
 class BrokerError(RuntimeError):
@@ -137,21 +137,15 @@ class Broker:
         for _, monitor in self._monitors:
             poller.register(monitor, zmq.POLLIN)
         side_of = {monitor: side for side, monitor in self._monitors}
-        warned_at, since = 0.0, 0
+        throttle = Throttle()
         try:
             while not self._watching.is_set():
                 for monitor, _ in poller.poll(200):
                     event = recv_monitor_message(monitor)
                     what = _HANDSHAKE_FAILED.get(event["event"])
-                    if what is None:
-                        continue
-                    now = time.monotonic()
-                    if now - warned_at < _WARN_EVERY_S:
-                        since += 1
-                        continue
-                    more = f" ({since} more since the last warning)" if since else ""
-                    log.warning("broker: a %s's CURVE handshake %s%s", side_of[monitor], what, more)
-                    warned_at, since = now, 0
+                    more = throttle.due() if what is not None else None
+                    if more is not None:
+                        log.warning("broker: a %s's CURVE handshake %s%s", side_of[monitor], what, more)
         finally:
             for _, monitor in self._monitors:
                 monitor.close(linger=0)

@@ -44,18 +44,13 @@ from sapiens2_client.keys import CurveClientKeys, CurveKeyring, CurveServerKeys,
 from sapiens2_client.timing import RateMeter
 from stages.types import FrameResult, StreamInfo
 
+from ..net.monitoring import WARN_EVERY_S, ConnectionWatch
 from .jpeg import JpegEncoder
 
 log = logging.getLogger(__name__)
 
 __all__ = ["CurveClientKeys", "CurveServerKeys", "JpegEncoder", "PublishError", "ZmqPublisher"]
 
-_HANDSHAKE_EVENTS = {
-    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "failed",
-    zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "failed (protocol: no or wrong CURVE keys?)",
-    zmq.EVENT_HANDSHAKE_FAILED_AUTH: "refused by CURVE authentication",
-}
-_WARN_EVERY_S = 10.0
 BROKER_WAIT_S = 5.0  # --publish-connect: how long without a broker before saying so
 
 
@@ -142,11 +137,7 @@ class ZmqPublisher:
         self._subscriptions: set[bytes] = set()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._handshake_warned = (0.0, 0)  # (last warning, failures since)
-        self.connections = 0  # open ZeroMQ connections (subscribers, or the broker when connecting)
-        # connecting to a broker: whether its handshake succeeded, since when it has not, whether that
-        # was said, whether it ever answered (see _watch_broker)
-        self._broker_up, self._broker_down_since, self._broker_warned, self._broker_ever = False, 0.0, False, False
+        self._watch = ConnectionWatch(endpoint, connect, log)  # subscribers, or the broker, from the monitor
 
     # -- set-up -----------------------------------------------------------------------------
     def bind(self) -> None:
@@ -161,15 +152,14 @@ class ZmqPublisher:
                 self._auth = ThreadAuthenticator(self._ctx)
                 self._auth.start()
                 self._auth.configure_curve_callback(domain="*", credentials_provider=CurveKeyring(
-                    self.curve.authorized_dir, server=f"the publisher on {self.endpoint}", warn_every_s=_WARN_EVERY_S))
+                    self.curve.authorized_dir, server=f"the publisher on {self.endpoint}", warn_every_s=WARN_EVERY_S))
             sock.setsockopt(zmq.XPUB_VERBOSE, 1)
             sock.setsockopt(zmq.XPUB_NODROP, 1)  # a full queue makes send raise Again: drops are counted
             sock.setsockopt(zmq.SNDHWM, self.sndhwm)
             sock.setsockopt(zmq.LINGER, self.linger_ms)
             if self.curve is not None:
                 self.curve.apply(sock)
-            self._monitor = sock.get_monitor_socket(sum(_HANDSHAKE_EVENTS) | zmq.EVENT_ACCEPTED | zmq.EVENT_CONNECTED
-                                                    | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED)
+            self._monitor = sock.get_monitor_socket(ConnectionWatch.MASK)
             self._sock = sock
             if self.connect:
                 sock.connect(self.requested_endpoint)
@@ -185,9 +175,9 @@ class ZmqPublisher:
         if not self.connect and self.curve is None and not is_loopback(self.endpoint):
             log.warning("publishing on %s without CURVE: anyone who can reach it reads the stream unencrypted; "
                         "create keys with `sapiens2-stream keys DIR` and pass --curve-dir DIR", self.endpoint)
+        self._watch = ConnectionWatch(self.endpoint, self.connect, log)  # the endpoint as bound; before any event
         self._thread = threading.Thread(target=self._status_loop, name="zmq-status", daemon=True)
         self._thread.start()
-        self._broker_down_since = time.monotonic()
         log.info("publishing on %s%s", self.endpoint, " (connecting to a broker)" if self.connect else "")
 
     # -- Sink protocol ----------------------------------------------------------------------
@@ -266,7 +256,7 @@ class ZmqPublisher:
         if self._thread is not None:
             self._thread.join(timeout=max(2.0, 2 * self.status_interval_s))
             self._thread = None
-            if self.connect and not self._broker_ever:
+            if self.connect and not self._watch.broker_ever:
                 log.warning("no broker ever answered at %s: nothing this run published reached a subscriber",
                             self.endpoint)
         if self._sock is not None:
@@ -288,6 +278,11 @@ class ZmqPublisher:
             self._ctx = None
 
     # -- public helpers -----------------------------------------------------------------------
+    @property
+    def connections(self) -> int:
+        """Open ZeroMQ connections: subscribers, or the broker when connecting."""
+        return self._watch.connections
+
     def set_health(self, health: str, source_id: str | None = None) -> None:
         """Set the health reported in status ("ok", "stalled", "reconnecting", ...) of a source (all: None)."""
         for sid, source in self._sources.items():
@@ -396,43 +391,16 @@ class ZmqPublisher:
     def _status_loop(self) -> None:
         next_status = time.monotonic() + self.status_interval_s
         while not self._stop.is_set():
-            self._watch_handshakes(min(0.1, self.status_interval_s))
-            self._watch_broker()
+            self._watch_monitor(min(0.1, self.status_interval_s))
+            self._watch.check_broker(BROKER_WAIT_S)
             if time.monotonic() >= next_status:
                 next_status += self.status_interval_s
                 with self._lock:
                     for source in list(self._sources.values()):
                         self._publish_status(source)
 
-    def _watch_broker(self) -> None:
-        """Connecting to a broker: say once when none has answered (a completed handshake) for
-        BROKER_WAIT_S, at the start or after it was lost (ZeroMQ keeps trying, silently, and publishes
-        nothing meanwhile); _on_broker_event says when it answers and when it is lost."""
-        if not self.connect or self._broker_up or self._broker_warned:
-            return
-        if time.monotonic() - self._broker_down_since >= BROKER_WAIT_S:
-            self._broker_warned = True
-            log.warning("no broker answers at %s after %.0f s: nothing is published until one does (ZeroMQ "
-                        "keeps trying); is `sapiens2-stream broker` running there, with these CURVE keys?",
-                        self.endpoint, BROKER_WAIT_S)
-
-    def _on_broker_event(self, event: int) -> None:
-        now = time.monotonic()
-        if event == zmq.EVENT_HANDSHAKE_SUCCEEDED and not self._broker_up:
-            if self._broker_ever:
-                log.warning("the broker at %s answers again after %.1f s", self.endpoint,
-                            now - self._broker_down_since)
-            else:
-                (log.warning if self._broker_warned else log.info)("connected to the broker at %s", self.endpoint)
-            self._broker_up, self._broker_ever = True, True
-        elif event == zmq.EVENT_DISCONNECTED and self._broker_up:
-            self._broker_up, self._broker_down_since, self._broker_warned = False, now, False
-            log.warning("lost the broker at %s: nothing is published until it answers again (ZeroMQ reconnects)",
-                        self.endpoint)
-
-    def _watch_handshakes(self, timeout_s: float) -> None:
-        """Count connections and log failed subscriber handshakes (rate-limited: a misconfigured client
-        retries often)."""
+    def _watch_monitor(self, timeout_s: float) -> None:
+        """Hand the socket monitor's events to the connection watch (connections, handshakes, the broker)."""
         monitor = self._monitor
         if monitor is None:
             self._stop.wait(timeout_s)
@@ -444,27 +412,7 @@ class ZmqPublisher:
                 event = recv_monitor_message(monitor, zmq.NOBLOCK)
             except zmq.ZMQError:  # Again: all read (or the monitor is closing)
                 return
-            self._on_monitor_event(event["event"])
-
-    def _on_monitor_event(self, event: int) -> None:
-        if event in (zmq.EVENT_ACCEPTED, zmq.EVENT_CONNECTED):
-            self.connections += 1
-        elif event == zmq.EVENT_DISCONNECTED:
-            self.connections = max(0, self.connections - 1)
-        if self.connect:
-            self._on_broker_event(event)
-        what = _HANDSHAKE_EVENTS.get(event)
-        if what is None:
-            return
-        last, count = self._handshake_warned
-        now = time.monotonic()
-        if now - last >= _WARN_EVERY_S:
-            extra = f" ({count} more since the last warning)" if count else ""
-            whose = "the broker's handshake at" if self.connect else "a subscriber's handshake on"
-            log.warning("%s %s %s%s", whose, self.endpoint, what, extra)
-            self._handshake_warned = (now, 0)
-        else:
-            self._handshake_warned = (last, count + 1)
+            self._watch.on_event(event["event"])
 
 
 def _keypoint_parts(result: FrameResult) -> list[wire.Part]:
