@@ -226,7 +226,7 @@ def run_pipeline(cfg: RunConfig, stop: threading.Event | None = None) -> int:
         sources, failed_at_start = open_sources(cfg, specs)
         if metrics is not None:
             for name in failed_at_start:  # a series at 0 for each: an alert on source_up sees it
-                metrics.source_failed(name)
+                metrics.add_source(name)
         stages = build_stages(cfg, device)
         runner, display = assemble(cfg, sources, stages, sinks, stop, max_frames_per_step=len(specs))
         if metrics is not None:

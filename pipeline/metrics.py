@@ -89,15 +89,12 @@ class PipelineMetrics:
             for kind in ("keypoints", "frame", "seg", "matte", "status"):
                 self.publisher_dropped.labels(kind)
 
-    def source_opened(self, source: str) -> None:
-        """Its series exist from now on, at 0 until something happens (not only after the first event)."""
+    def add_source(self, source: str) -> None:
+        """Its series exist from now on, down and at 0 until something happens (not only after the first
+        event); a source that could not open stays so (sources that end or are removed leave source_up)."""
         self.source_up.labels(source).set(0)
         for counter in (self.frames, self.dropped, self.reopens, self.decode_errors):
             counter.labels(source)
-
-    def source_failed(self, source: str) -> None:
-        """A source that could not open stays in the figures, down (sources that end or are removed leave them)."""
-        self.source_opened(source)
 
     def beat(self) -> None:
         self.heartbeat = time.monotonic()
@@ -185,7 +182,7 @@ class MetricsSink:
         self.metrics = metrics
 
     def open(self, info: StreamInfo) -> None:
-        self.metrics.source_opened(info.source_id)
+        self.metrics.add_source(info.source_id)
         self.metrics.beat()
 
     def write(self, result: FrameResult) -> None:

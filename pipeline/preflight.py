@@ -70,8 +70,9 @@ def preflight(cfg: RunConfig, specs: list[SourceSpec] | None = None, *, check_so
     specs = specs if specs is not None else cfg.source_specs()
     several = len(specs) > 1 or cfg.control is not None
     ids = [s.id or "src" for s in specs]
-    if check_sources and len(specs) == 1 and missing_file(specs[0].uri) is not None:  # several: the others go on
-        raise ConfigError(f"source {missing_file(specs[0].uri)}")
+    missing = missing_file(specs[0].uri) if check_sources and len(specs) == 1 else None  # several: the others go on
+    if missing is not None:
+        raise ConfigError(f"source {missing}")
     for key in ("record", "save_keypoints"):
         path = getattr(cfg, key)
         unknown = [p for p in re.findall(r"\{[^{}]*\}", path or "") if p != "{source}"]
@@ -123,13 +124,6 @@ def preflight(cfg: RunConfig, specs: list[SourceSpec] | None = None, *, check_so
                           f"`sapiens2-stream keys {cfg.curve_dir}`")
 
 
-def _same_file(a: Path, b: Path) -> bool:
-    try:
-        return a.resolve() == b.resolve() or (a.exists() and b.exists() and os.path.samefile(a, b))
-    except OSError:
-        return False
-
-
 def _check_outputs_collide(cfg: RunConfig, specs: list[SourceSpec], ids: list[str]) -> None:
     """ConfigError when an output would be written over an input file, or the keypoints get a video's
     name (then they could also be the recording's)."""
@@ -140,7 +134,7 @@ def _check_outputs_collide(cfg: RunConfig, specs: list[SourceSpec], ids: list[st
                if getattr(cfg, key) for sid in ids]
     inputs = [Path(spec.uri.removeprefix("loop:")) for spec in specs]
     for key, path in outputs:
-        source = next((p for p in inputs if p.is_file() and _same_file(path, p)), None)
+        source = next((p for p in inputs if p.is_file() and path.exists() and os.path.samefile(path, p)), None)
         if source is not None:
             raise ConfigError(f"{key}: {str(path)!r} is the source file {str(source)!r}; writing it would destroy "
                               "the input: choose another path")

@@ -92,7 +92,7 @@ def test_a_redis_restarted_empty_between_writes_gets_the_whole_state_back(tmp_pa
         mirror.write(lambda pipe: pipe.hset(keys["placement"], "a", 0))
         stop_redis(server)
         server = start_redis(tmp_path, port)  # empty: --save "" --appendonly no
-        mirror.probe()  # what status asks, and the watch thread every CHECK_S
+        mirror.check()  # what status asks, and the watch thread every CHECK_S
         mirror.catch_up(state)
         assert db.hgetall(keys["placement"]) == {b"a": b"0"} and db.hexists(keys["cameras"], "a")
         assert json.loads(db.get(keys["spec"]))["capacity"] == 2

@@ -244,7 +244,7 @@ class FleetController:
                                 "outage_total_s": round(st.outage_total_s, 3),
                                 "last_outage_s": None if st.last_outage_s is None else round(st.last_outage_s, 3)})
             outages = self.outages[:50]
-        self.mirror.probe()  # here, not in the loop: a Redis that hangs delays this answer, never a failover
+        self.mirror.check()  # here and in its watch, not in the loop: a hanging Redis delays this answer, no failover
         return {"fleet": self.fleet, "controller_starts": self.starts, "controller_node": _node_id(),
                 "redis_ok": not self.mirror.behind,
                 "capacity": self.spec.capacity if self.spec else None, "workers": workers, "cameras": cameras,

@@ -67,11 +67,6 @@ class Mirror:
         except Exception as exc:  # redis.RedisError and its socket errors: Redis is away
             self._fall_behind(exc)
 
-    def probe(self) -> None:
-        """A Redis that went away or restarted while nothing was written is found out here at once
-        (status asks), as well as by the watch."""
-        self.check()
-
     def _fall_behind(self, exc: Exception) -> None:
         log.warning("fleet %s: Redis unreachable (%s); going on from memory, the placement is written back "
                     "when it answers", self.fleet, type(exc).__name__)

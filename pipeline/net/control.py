@@ -27,11 +27,11 @@ from sapiens2_client.endpoints import is_loopback
 
 from ..config import ConfigError
 from ..sources import Source, SourceError
-from ..sourcespecs import SourceSpec, check_source_name, check_source_settings, split_source
+from ..sourcespecs import SOURCE_KEYS, SourceSpec, check_source_name, check_source_settings, split_source
 
 log = logging.getLogger(__name__)
 MAX_REQUEST_BYTES = 64 * 1024
-ADD_KEYS = {"cmd", "source", "realtime", "stall_timeout_s"}
+ADD_KEYS = {"cmd", "source"} | SOURCE_KEYS - {"id", "uri"}  # a YAML sources entry's settings
 
 
 class ControlServer:
