@@ -20,7 +20,8 @@ an idle poll within the last 10 s); ``/readyz`` 200 once the models are loaded a
 source delivers, 503 otherwise. ``MetricsSink`` is the sink that feeds them.
 
 Every series of a source exists (at 0) from the moment it opens, and a source that could not open
-has ``sapiens2_source_up`` 0; a source that ended or was removed leaves ``source_up``.
+or failed for good while others ran has ``sapiens2_source_up`` 0; a source that ended or was removed
+leaves ``source_up``.
 """
 
 from __future__ import annotations
@@ -180,6 +181,7 @@ class MetricsSink:
 
     def __init__(self, metrics: PipelineMetrics) -> None:
         self.metrics = metrics
+        self._failed: set[str] = set()
 
     def open(self, info: StreamInfo) -> None:
         self.metrics.add_source(info.source_id)
@@ -191,9 +193,12 @@ class MetricsSink:
     def event(self, record: dict[str, Any]) -> None:
         source = str(record.get("source_id"))
         self.metrics.source_up.labels(source).set(1 if record.get("event") == "resumed" else 0)
+        if record.get("event") == "failed":
+            self._failed.add(source)
 
     def close_source(self, source_id: str) -> None:
-        self.metrics.source_up.remove(source_id)
+        if source_id not in self._failed:  # a failed source stays at 0, as one that could not open
+            self.metrics.source_up.remove(source_id)
 
     def close(self) -> None:
         pass

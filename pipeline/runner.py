@@ -346,6 +346,11 @@ class Runner:
                 forget = getattr(self.engine, "forget", None)  # optional: engines that keep per-source state
                 if forget is not None:
                     forget(sid)
+                why = self.stats.failed.get(sid)
+                if why is not None:  # the sinks hear why (a status, a JSONL event line, source_up 0 kept)
+                    session = getattr(self._gone.get(sid), "reopens", 0)
+                    worker.put(SourceEvent({"event": "failed", "source_id": sid, "time_ns": time.time_ns(),
+                                            "session": session, "reason": why}))
                 worker.put(SourceClosed(sid))
 
     def _forward_events(self, worker: SinkWorker) -> None:

@@ -81,6 +81,9 @@ def test_a_bad_source_is_reported_and_the_others_finish(tiny: Path, cli_env: dic
     last = assert_one_clear_error(ran, "1 of 2 sources failed", "bad")
     assert "good" not in last.split("failed:")[1]
     assert [r["frame"] for r in read_jsonl(tmp_path / "good.jsonl")] == list(range(24))  # completed
+    if damage == "truncated":  # it opened and failed later: its own file says so last, with why
+        last_line = read_jsonl(tmp_path / "bad.jsonl")[-1]
+        assert last_line["event"] == "failed" and last_line["reason"]
 
 
 @pytest.mark.parametrize(
@@ -165,49 +168,60 @@ def test_one_forward_per_stage_for_a_whole_step(tmp_path: Path, monkeypatch: pyt
     assert [r.frame.source_id for r in results] == ["cam0", "cam1", "cam2"]
 
 
+class _FileLike:
+    """A source of ``n`` frames, then ``end`` (SourceEnded or a SourceError); ``gate``, when given, holds
+    it halfway until set."""
+
+    frames_dropped = reopens = 0
+
+    def __init__(self, sid: str, n: int, end: Exception, gate: threading.Event | None = None) -> None:
+        self.source_id = self.health = sid
+        self.info = StreamInfo(sid, 16, 16, 30.0, Fraction(1, 30), live=False)
+        self.queue = [Frame(i, np.zeros((16, 16, 3), np.uint8), i, Fraction(1, 30), time.time_ns(), sid)
+                      for i in range(n)]
+        self.n, self.end, self.gate = n, end, gate
+
+    def read(self, timeout: float):
+        if not self.queue:
+            raise self.end
+        if self.gate is not None and len(self.queue) == self.n // 2:
+            self.gate.wait(10)
+        return self.queue.pop(0)
+
+    def stop(self) -> None:
+        pass
+
+
+class _Collect:
+    """A sink that keeps what it is handed: results, events, closed sources."""
+
+    def __init__(self) -> None:
+        self.results, self.calls = [], []
+
+    def open(self, info) -> None:
+        pass
+
+    def write(self, result) -> None:
+        self.results.append(result)
+
+    def event(self, record) -> None:
+        self.calls.append(("event", record))
+
+    def close_source(self, source_id) -> None:
+        self.calls.append(("close_source", source_id))
+
+    def close(self) -> None:
+        pass
+
+
 def test_a_stalled_source_never_holds_the_others_up() -> None:
     """A camera that hangs keeps its slot empty; the file's frames go on being processed meanwhile."""
+    from pipeline.sources import SourceEnded
+
     live = SyntheticCamera(fps=100.0)
     camera = Source(live.open, label="cam", source_id="cam", live=True, reconnect=True, stall_timeout_s=30.0)
-    frames = [Frame(i, np.zeros((16, 16, 3), np.uint8), i, Fraction(1, 30), time.time_ns(), "file") for i in range(60)]
-
-    class FileLike:
-        frames_dropped = reopens = 0
-        source_id = health = "file"
-        info = StreamInfo("file", 16, 16, 30.0, Fraction(1, 30), live=False)
-
-        def __init__(self) -> None:
-            self.queue = list(frames)
-            self.gate = threading.Event()
-
-        def read(self, timeout: float):
-            from pipeline.sources import SourceEnded
-
-            if not self.queue:
-                raise SourceEnded("end")
-            if len(self.queue) == 30:  # halfway: wait until the camera hangs
-                self.gate.wait(10)
-            return self.queue.pop(0)
-
-        def stop(self) -> None:
-            pass
-
-    file = FileLike()
-
-    class Collect:
-        def __init__(self) -> None:
-            self.results = []
-
-        def open(self, info) -> None:
-            pass
-
-        def write(self, result) -> None:
-            self.results.append(result)
-
-        def close(self) -> None:
-            pass
-
-    sink = Collect()
+    file = _FileLike("file", 60, SourceEnded("end"), gate=threading.Event())
+    sink = _Collect()
     engine = FrameEngine(Stages(torch.device("cpu"), FullFrameDetector()))
     runner = Runner([camera.start(), file], engine, [sink], None, False)
     thread = threading.Thread(target=runner.run)
@@ -227,6 +241,27 @@ def test_a_stalled_source_never_holds_the_others_up() -> None:
         live.resume()
         thread.join(30)
     assert [r.frame.index for r in sink.results if r.frame.source_id == "file"] == list(range(60))
+
+
+def test_a_source_failing_mid_run_is_told_to_the_sinks_and_stays_down_in_metrics() -> None:
+    """Its sinks hear ``failed`` with the reason, then ``closed``; source_up stays at 0 (an alert sees it), while
+    the source that ended normally leaves the metrics."""
+    from pipeline.metrics import MetricsSink, PipelineMetrics, _gauge_values
+    from pipeline.sources import SourceEnded, SourceError
+
+    metrics = PipelineMetrics()
+    sink = _Collect()
+    sources = [_FileLike("good", 12, SourceEnded("end")), _FileLike("bad", 5, SourceError("packet 6 is garbage"))]
+    runner = Runner(sources, FrameEngine(Stages(torch.device("cpu"), FullFrameDetector())),
+                    [sink, MetricsSink(metrics)], None, False)
+    stats = runner.run()
+    assert stats.failed == {"bad": "packet 6 is garbage"}
+    assert len([r for r in sink.results if r.frame.source_id == "good"]) == 12
+    about_bad = [(call, arg) for call, arg in sink.calls
+                 if (arg if isinstance(arg, str) else arg["source_id"]) == "bad"]
+    assert [call for call, _ in about_bad] == ["event", "close_source"]
+    assert about_bad[0][1]["event"] == "failed" and about_bad[0][1]["reason"] == "packet 6 is garbage"
+    assert {labels["source"]: value for labels, value in _gauge_values(metrics.source_up)} == {"bad": 0.0}
 
 
 # -- adding and removing sources while running ------------------------------------------------

@@ -316,7 +316,7 @@ function figures(src, kp, shown) {
   if (!src) return;
   const status = src.status;
   const health = status ? status.health : (src.frame ? "ok" : "waiting");
-  badge($("health"), health, { ok: "ok", stalled: "bad", reconnecting: "warn", closed: "wait" }[health] || "wait");
+  badge($("health"), health, { ok: "ok", stalled: "bad", failed: "bad", reconnecting: "warn", closed: "wait" }[health] || "wait");
   body.dataset.health = health;
   const fps = status ? status.fps : 0;
   body.dataset.fps = fps.toFixed(2);
