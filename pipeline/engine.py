@@ -36,7 +36,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -49,54 +48,13 @@ from stages.sapiens2.preprocess import to_device_image, upload
 from stages.smoothing import KeypointSmoother
 from stages.types import Detections, Frame, FrameResult, Keypoints, Keypoints3D, Matte
 
-from .lanes import Clock, Lanes, Pending, all_finite
+from .lanes import Carry, Clock, FrameWork, Lanes, Pending, SourceState, all_finite
 from .stages_setup import Stages
 
 log = logging.getLogger(__name__)
 
 DENSE_STREAMS = (("seg", "seg"), ("matting", "matting"), ("normal", "dense"), ("pointmap", "dense"))
 MAPS_3D = ("pointmap", "seg", "matting")  # the device maps the 3D step reads (segmentation/matte: on the person)
-
-
-@dataclass
-class Carry:
-    """Boxes for the frames the detector skips: on the device, aligned with the last detection's
-    scores and track ids (host)."""
-
-    boxes: Tensor  # (N, 4) xyxy on the device
-    scores: np.ndarray  # (N,)
-    track_ids: np.ndarray  # (N,)
-
-
-@dataclass
-class SourceState:
-    """What the engine remembers about one source between steps."""
-
-    submitted_session: int = 0
-    finished_session: int = 0
-    since_detect: int = 0  # frames since the detector last ran
-    carry: Carry | None = None
-    tracker: ByteTracker | None = None
-    smoother: KeypointSmoother | None = None
-    smoother3d: KeypointSmoother | None = None
-    pointmap: Tensor | None = None  # (H, W, 3) on the device: the last one computed (pointmap_every)
-    pointmap_host: Tensor | None = None  # its host copy (the frames that reuse it do not download it again)
-    since_pointmap: int = 0
-
-
-@dataclass
-class FrameWork:
-    """One frame of a step in flight."""
-
-    frame: Frame
-    image: Tensor  # (3, H, W) uint8 on the device
-    detections: Detections  # scores and ids; boxes are replaced by the ones pose used (carried or detected)
-    carried: bool = False
-    boxes: Tensor | None = None  # (N, 4) the boxes pose ran on, on the device
-    persons: slice = field(default_factory=lambda: slice(0, 0))  # this frame's rows in the step's person batch
-    outputs: dict[str, Tensor] = field(default_factory=dict)  # host (pinned) tensors of the dense stages
-    maps: dict[str, Tensor] = field(default_factory=dict)  # device maps the 3D step reads (MAPS_3D)
-    pointmap_due: bool = False  # this step runs the frame's pointmap forward (else: its source's last map)
 
 
 class FrameEngine:

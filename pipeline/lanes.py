@@ -1,5 +1,6 @@
 """The device side of a step: one CUDA stream per stage ("lanes"), their events, pinned downloads,
-stage timing, and the Pending step that carries them from submit to finish.
+stage timing, and the Pending step that carries them from submit to finish, with what the engine
+keeps per frame of a step (FrameWork) and per source between steps (SourceState, Carry).
 
 On a GPU the stages run each on its own stream (overlapped) or all on one (serialised: CUDA graphs,
 or a benchmark baseline). On the CPU there are no streams: the stream contexts are no-ops, a
@@ -11,10 +12,16 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from stages.detector import ByteTracker
+    from stages.smoothing import KeypointSmoother
+    from stages.types import Detections, Frame
 
 STREAM_NAMES = ("upload", "detect", "seg", "matting", "dense", "pose")
 
@@ -48,6 +55,47 @@ class Clock:
                 b.synchronize()  # done already when its stage's results were collected
             out[name] = a.elapsed_time(b) if self.cuda else (b - a) * 1000.0
         return out
+
+
+@dataclass
+class Carry:
+    """Boxes for the frames the detector skips: on the device, aligned with the last detection's
+    scores and track ids (host)."""
+
+    boxes: Tensor  # (N, 4) xyxy on the device
+    scores: np.ndarray  # (N,)
+    track_ids: np.ndarray  # (N,)
+
+
+@dataclass
+class SourceState:
+    """What the engine remembers about one source between steps."""
+
+    submitted_session: int = 0
+    finished_session: int = 0
+    since_detect: int = 0  # frames since the detector last ran
+    carry: Carry | None = None
+    tracker: ByteTracker | None = None
+    smoother: KeypointSmoother | None = None
+    smoother3d: KeypointSmoother | None = None
+    pointmap: Tensor | None = None  # (H, W, 3) on the device: the last one computed (pointmap_every)
+    pointmap_host: Tensor | None = None  # its host copy (the frames that reuse it do not download it again)
+    since_pointmap: int = 0
+
+
+@dataclass
+class FrameWork:
+    """One frame of a step in flight."""
+
+    frame: Frame
+    image: Tensor  # (3, H, W) uint8 on the device
+    detections: Detections  # scores and ids; boxes are replaced by the ones pose used (carried or detected)
+    carried: bool = False
+    boxes: Tensor | None = None  # (N, 4) the boxes pose ran on, on the device
+    persons: slice = field(default_factory=lambda: slice(0, 0))  # this frame's rows in the step's person batch
+    outputs: dict[str, Tensor] = field(default_factory=dict)  # host (pinned) tensors of the dense stages
+    maps: dict[str, Tensor] = field(default_factory=dict)  # device maps the 3D step reads (MAPS_3D)
+    pointmap_due: bool = False  # this step runs the frame's pointmap forward (else: its source's last map)
 
 
 @dataclass
