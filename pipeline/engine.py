@@ -42,7 +42,7 @@ import torch
 from torch import Tensor
 
 from stages.detector import ByteTracker, carry_boxes
-from stages.keypoints3d import Lift, lift
+from stages.keypoints3d import Lift, lift, smooth3d
 from stages.sapiens2.estimators import NonFiniteOutputError
 from stages.sapiens2.preprocess import to_device_image, upload
 from stages.smoothing import KeypointSmoother
@@ -136,7 +136,7 @@ class FrameEngine:
                      for f in frames]
             clock.stop("upload", self.lanes.get("upload"))
         uploaded = self.lanes.event("upload")
-        pending = Pending(works, clock)
+        pending = Pending(works, clock, dtypes={t: e.model.dtype for t, e in self.stages.estimators.items()})
         for work in works:
             state = self.state(work.frame.source_id)
             if work.frame.session != state.submitted_session:
@@ -177,14 +177,15 @@ class FrameEngine:
             if checked:
                 self.lanes.download(pending, pending.outputs, f"{task}.finite", all_finite(checked), stream_name)
             for work, outputs in zip(due, per_frame):
+                before = work.maps.get(task)
                 for name, tensor in outputs.items():
                     if name in MAPS_3D:
                         work.maps[name] = tensor
                     self.lanes.download(pending, work.outputs, name, tensor, stream_name)
-                if task == "pointmap":
-                    state = self.state(work.frame.source_id)
+                state = self.state(work.frame.source_id)
+                if task == "pointmap" and (not redo or state.pointmap is before):  # not if a later step's is kept
                     state.pointmap, state.pointmap_host = outputs["pointmap"], work.outputs["pointmap"]
-            if task == "pointmap":  # between pointmap frames: the map (and its host copy) kept from the last one
+            if task == "pointmap" and not redo:  # between pointmap frames: the map (and host copy) kept from the last
                 for work in pending.frames:
                     if not work.pointmap_due:
                         state = self.state(work.frame.source_id)
@@ -218,14 +219,14 @@ class FrameEngine:
                                              carry.track_ids)
                 work.carried = True
             else:
-                state.since_detect = 0
+                state.since_detect, state.carry = 0, None  # the pose of this frame's persons carries, if any
                 due.append(work)
         found = self.stages.detector.detect_batch([w.frame.image for w in due]) if due else []
         for work, detections in zip(due, found):
             tracker = self.state(work.frame.source_id).tracker
             work.detections = detections if tracker is None else tracker.update(detections, work.frame.image)
 
-    def _pose(self, pending: Pending, uploaded) -> None:
+    def _pose(self, pending: Pending, uploaded, redo: bool = False) -> None:
         pose = self.stages.estimators["pose"]
         with self.lanes.use("pose"):
             self.lanes.after(uploaded, "pose", *(w.image for w in pending.frames))
@@ -249,7 +250,7 @@ class FrameEngine:
             # stream's consumers get in-frame coordinates (the score says how sure it is).
             xy = torch.minimum(xy.clamp(min=0.0), (wh_t - 1.0)[:, None, :])  # (P, K, 2)
             pending.clock.stop("pose", self.lanes.get("pose"))
-            if self.detect_every > 1:
+            if self.detect_every > 1 and not redo:  # a redo's boxes are older than the carry of the next step
                 carried = carry_boxes(xy, scores, self.kpt_threshold, wh_t, boxes_t)  # (P, 4), on the device
                 for work in pending.frames:
                     if len(work.detections):
@@ -262,9 +263,6 @@ class FrameEngine:
             self.lanes.download(pending, pending.outputs, "pose.boxes", boxes_t, "pose")
             if self.keypoints3d is not None:
                 self._lift(pending, with_persons, xy, scores)
-        for work in pending.frames:  # nothing to carry from a frame without persons: detect next time
-            if not len(work.detections):
-                self.state(work.frame.source_id).carry = None
 
     def _lift(self, pending: Pending, works: list[FrameWork], xy: Tensor, scores: Tensor) -> None:
         """Sample each frame's pointmap at its persons' keypoints (on the pose stream, after the
@@ -331,14 +329,9 @@ class FrameEngine:
         rows = work.persons
         xyz, valid = host["pose.xyz"][rows], host["pose.xyz_valid"][rows].astype(bool)
         root, root_valid = host["pose.root"][rows], host["pose.root_valid"][rows].astype(bool)
-        if state.smoother3d is not None:  # a point that is not valid holds its track's last value
-            smoothed = state.smoother3d(np.where(valid[..., None], xyz, np.nan), det.track_ids, frame.capture_ns / 1e9)
-            xyz = np.where(valid[..., None] & np.isfinite(smoothed), smoothed, 0.0).astype(np.float32)
-            hips = list(self.keypoints3d.hips)
-            count = valid[:, hips].sum(axis=1)
-            root_valid = count > 0
-            root = np.where(root_valid[:, None], (xyz[:, hips] * valid[:, hips, None]).sum(axis=1)
-                            / np.maximum(count, 1)[:, None], 0.0).astype(np.float32)
+        if state.smoother3d is not None:
+            xyz, valid, root, root_valid = smooth3d(state.smoother3d, xyz, valid, det.track_ids, frame.capture_ns / 1e9,
+                                                    self.keypoints3d.hips)
         return Keypoints3D(xyz, valid, root, root_valid, self.metric3d)
 
     def _ensure_finite(self, pending: Pending) -> None:
@@ -348,29 +341,27 @@ class FrameEngine:
                 continue
             task = name.split(".")[0]
             est = self.stages.estimators[task]
-            if est.model.dtype != torch.float16:
-                dtype = str(est.model.dtype)[6:]
+            ran = pending.dtypes.get(task, est.model.dtype)  # a pipelined step may have run before a switch
+            if ran != torch.float16:
                 advice = ("check the checkpoint: its weights hold NaN/Inf, or it is not a Sapiens2 checkpoint of "
-                          "this task" if est.model.dtype == torch.float32 else
-                          "check the checkpoint, or try --dtype float32")
-                raise NonFiniteOutputError(f"{task}: the model produced non-finite values (NaN/Inf) in {dtype}; "
-                                           f"{advice}")
-            log.warning("%s: float16 overflowed (non-finite output); this stage runs in bfloat16 from now on", task)
-            est.set_dtype(torch.bfloat16)
-            if self.on_precision_change is not None:
-                self.on_precision_change()
+                          "this task" if ran == torch.float32 else "check the checkpoint, or try --dtype float32")
+                raise NonFiniteOutputError(f"{task}: the model produced non-finite values (NaN/Inf) in "
+                                           f"{str(ran)[6:]}; {advice}")
+            if est.model.dtype == torch.float16:
+                log.warning("%s: float16 overflowed (non-finite output); this stage runs in bfloat16 from now on", task)
+                self._switch_to_bfloat16(est)
             redo = Pending(pending.frames, Clock(self.device))
             stream_of = dict(DENSE_STREAMS)
             with torch.inference_mode():
                 if task == "pose":
-                    self._pose(redo, None)
+                    self._pose(redo, None, redo=True)
                 else:
                     self._dense(redo, task, stream_of[task], None, redo=True)
                     if self.keypoints3d is not None and task in MAPS_3D and "pose.xy" in pending.outputs:
                         redo.wait()  # the 3D step again, on the new maps and this step's keypoints
                         with_persons = [w for w in pending.frames if len(w.detections)]
-                        xy, scores = (pending.outputs[k].to(self.device) for k in ("pose.xy", "pose.scores"))
-                        with self.lanes.use("pose"):
+                        with self.lanes.use("pose"):  # allocated on the stream that uses them
+                            xy, scores = (pending.outputs[k].to(self.device) for k in ("pose.xy", "pose.scores"))
                             self._lift(redo, with_persons, xy, scores)
             redo.wait()
             if not bool(redo.outputs[name]):
@@ -379,5 +370,16 @@ class FrameEngine:
             pending.outputs.update(redo.outputs)
             for work, again in zip(pending.frames, redo.frames):
                 work.outputs.update(again.outputs)
+
+    def _switch_to_bfloat16(self, est) -> None:
+        """The weights change dtype only when no stream reads them: a step already queued in float16 still
+        runs on them, and the memory the old weights free must not be handed to the new ones meanwhile."""
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+        est.set_dtype(torch.bfloat16)
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+        if self.on_precision_change is not None:
+            self.on_precision_change()
 
 __all__ = ["Clock", "FrameEngine", "Pending", "Stages", "all_finite"]

@@ -108,6 +108,7 @@ class Pending:
     done: list = field(default_factory=list)  # events to wait for (CUDA only)
     host_ms: dict[str, float] = field(default_factory=dict)
     dense_done: list = field(default_factory=list)  # events of the dense stages (the 3D step waits for them)
+    dtypes: dict[str, Any] = field(default_factory=dict)  # task -> the dtype its model ran this step in
 
     def wait(self) -> None:
         for event in self.done:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -139,3 +140,19 @@ def relative(xyz: Tensor, valid: Tensor, root: Tensor, root_valid: Tensor) -> tu
     ok = valid & root_valid[:, None]
     rel = torch.where(ok[..., None], xyz - root[:, None, :], torch.zeros_like(xyz))
     return rel, ok
+
+
+def smooth3d(smoother, xyz: np.ndarray, valid: np.ndarray, track_ids: np.ndarray, t: float,
+             hips: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """One frame's 3D points (host) through a per-track smoother (stages.smoothing): a point that is not
+    valid holds its track's last value without being published; a smoothed value that is not finite
+    makes the point invalid. Returns xyz, valid, root and root_valid as ``lift`` does."""
+    smoothed = smoother(np.where(valid[..., None], xyz, np.nan), track_ids, t)
+    valid = valid & np.isfinite(smoothed).all(axis=-1)
+    xyz = np.where(valid[..., None], smoothed, 0.0).astype(np.float32)
+    hips = list(hips)
+    count = valid[:, hips].sum(axis=1)
+    root_valid = count > 0
+    root = np.where(root_valid[:, None], (xyz[:, hips] * valid[:, hips, None]).sum(axis=1)
+                    / np.maximum(count, 1)[:, None], 0.0).astype(np.float32)
+    return xyz, valid, root, root_valid

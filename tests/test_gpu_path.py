@@ -154,6 +154,37 @@ def test_detect_every_keeps_boxes_scores_and_ids_with_their_person(pose_dir: Pat
     np.testing.assert_array_equal(results[3].detections.track_ids, [33, 11, 22])  # a fresh detection re-sorts
 
 
+class LeavesAfterFrame0:
+    """One person in the first frame the detector sees, nobody afterwards."""
+
+    random_weights = False
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def detect_batch(self, images: list[np.ndarray]) -> list[Detections]:
+        out = []
+        for _ in images:
+            n = 1 if self.calls == 0 else 0
+            self.calls += 1
+            out.append(Detections(np.array([[5, 5, 40, 60]], np.float32)[:n], np.array([0.9], np.float32)[:n],
+                                  np.array([7])[:n]))
+        return out
+
+
+@pytest.mark.parametrize("pipelined", [False, True])
+def test_detect_every_drops_a_person_the_detector_no_longer_sees(pose_dir: Path, pipelined: bool) -> None:
+    """Boxes are carried only from a detection that found somebody: a person who left is not brought back
+    on the frames between detections."""
+    pose = ESTIMATORS["pose"](load_model(pose_dir, device="cpu"))
+    engine = FrameEngine(Stages(torch.device("cpu"), LeavesAfterFrame0(), {"pose": pose}), kpt_threshold=0.0,
+                         detect_every=3)
+    sink = Collect()
+    stats = Runner(Frames(9), engine, [sink], None, False, pipelined=pipelined).run()
+    assert stats.error is None, stats.error
+    assert [len(r.detections) for r in sink.results] == [1, 1, 1, 0, 0, 0, 0, 0, 0]
+
+
 # -- float16: overflow in the MLP falls back to bfloat16 ----------------------------------------
 @pytest.fixture(scope="module")
 def hot_mlp_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -199,6 +230,22 @@ def test_float16_mlp_overflow_falls_back_to_bfloat16_once(hot_mlp_dir: Path, cap
     assert len(warnings) == 1  # said once
     again = engine.finish(engine.submit(_frame(0)), False)  # frame 0 in bfloat16 from the start
     np.testing.assert_allclose(first.keypoints.xy, again.keypoints.xy, atol=1e-3)
+
+
+def test_float16_fall_back_when_the_next_step_is_already_queued(hot_mlp_dir: Path, caplog) -> None:
+    """Pipelined (as on CUDA): step 1 was submitted in float16 before step 0 found the overflow; it is run
+    again in bfloat16 too, not taken for a bfloat16 failure."""
+    pose = ESTIMATORS["pose"](load_model(hot_mlp_dir, device="cpu", dtype="float16"))
+    engine = FrameEngine(Stages(torch.device("cpu"), TwoPeople(), {"pose": pose}))
+    with caplog.at_level(logging.WARNING, "pipeline.engine"):
+        first, second = engine.submit(_frame(0)), engine.submit(_frame(1))
+        results = [engine.finish(first, False), engine.finish(second, False)]
+    assert pose.model.dtype == torch.bfloat16
+    for result in results:
+        assert np.isfinite(result.keypoints.xy).all() and np.isfinite(result.keypoints.scores).all()
+    assert len([r for r in caplog.records if "bfloat16" in r.getMessage()]) == 1
+    again = engine.finish(engine.submit(_frame(1)), False)
+    np.testing.assert_allclose(results[1].keypoints.xy, again.keypoints.xy, atol=1e-3)
 
 
 def test_non_finite_outside_float16_stops_the_run(hot_mlp_dir: Path, tmp_path: Path) -> None:

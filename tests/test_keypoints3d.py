@@ -17,7 +17,7 @@ from transformers import Sapiens2ImageProcessor
 
 from pipeline.engine import FrameEngine
 from pipeline.stages_setup import Stages
-from stages.keypoints3d import Lift, lift, relative, sample_bilinear, sample_median
+from stages.keypoints3d import Lift, lift, relative, sample_bilinear, sample_median, smooth3d
 from stages.sapiens2 import load_model
 from stages.sapiens2.estimators import ESTIMATORS, PointmapEstimator
 from stages.sapiens2.tiny import make_tiny
@@ -152,6 +152,19 @@ def test_the_root_is_the_valid_hip_or_nothing() -> None:
     rel, ok = relative(xyz, valid, root, root_valid)
     np.testing.assert_allclose(rel.numpy(), (xyz - root[:, None]).numpy(), atol=1e-7)
     assert ok.all()
+
+
+def test_a_smoothed_point_that_is_not_finite_is_not_published_as_valid() -> None:
+    """A track first seen with an invalid point, then valid at the same timestamp (a clock that repeats): the
+    filter has no finite value to give; the point is invalid, and the root does not average it in as zeros."""
+    smoother = KeypointSmoother(1.0, 0.05)
+    xyz, ids = np.full((1, 12, 3), 2.0, np.float32), np.array([0])
+    smooth3d(smoother, xyz, np.zeros((1, 12), bool), ids, 10.0, (9, 10))
+    out, valid, root, root_valid = smooth3d(smoother, xyz, np.ones((1, 12), bool), ids, 10.0, (9, 10))
+    assert np.isfinite(out).all() and np.isfinite(root).all()
+    assert not valid.any() and not root_valid.any()
+    out, valid, root, root_valid = smooth3d(smoother, xyz, np.ones((1, 12), bool), ids, 10.1, (9, 10))
+    assert valid.all() and root_valid.all() and np.allclose(root, 2.0)  # the next frame has a value again
 
 
 def test_lift_rejects_an_even_window() -> None:
