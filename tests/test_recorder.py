@@ -162,6 +162,16 @@ def test_falls_back_to_mpeg4_when_libx264_is_missing(tmp_path: Path, monkeypatch
     assert times == pytest.approx([i / 30 for i in range(6)], abs=2e-3)
 
 
+def test_the_probe_opens_the_encoder_with_the_streams_own_options(tmp_path: Path) -> None:
+    """An option the encoder refuses (libx264 has no preset "p4", an NVENC name) is found by the probe, which
+    moves on to the next encoder, instead of failing at the first frame with FFmpeg's own error."""
+    path = tmp_path / "preset.mp4"
+    recorder = record(path, [result(i, i) for i in range(5)], codec="libx264", preset="p4")
+    assert recorder.codec == "mpeg4"
+    times, _, stream = decode(path)
+    assert len(times) == 5 and stream.codec_context.name == "mpeg4"
+
+
 def test_recording_a_live_source_with_drops(tmp_path: Path) -> None:
     import time
 

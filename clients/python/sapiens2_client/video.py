@@ -27,6 +27,7 @@ import logging
 import os
 from fractions import Fraction
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -63,17 +64,23 @@ def _av():
     return av
 
 
-def probe_encoder(name: str, width: int, height: int, rate: Fraction) -> bool:
-    """True when ``name`` exists in this FFmpeg build and opens at this size and frame rate.
+def probe_encoder(name: str, width: int, height: int, rate: Fraction, options: dict[str, str] | None = None,
+                  settings: dict[str, Any] | None = None) -> bool:
+    """True when ``name`` exists in this FFmpeg build and opens at this size and frame rate, with the
+    codec ``options`` and context ``settings`` (time_base, gop_size, bit_rate) the real stream will use.
 
-    The probe sets the frame rate and a time base of one frame, as hardware encoders (NVENC)
-    need for rate control; a probe without them can fail where the real stream would work.
+    The probe always sets the frame rate (a time base of one frame unless ``settings`` name another), as
+    hardware encoders (NVENC) need for rate control; a probe without them, or without the stream's own
+    options, can pass or fail where the real stream would not.
     """
     av = _av()
     try:
         ctx = av.CodecContext.create(name, "w")
         ctx.width, ctx.height, ctx.pix_fmt = width, height, "yuv420p"
         ctx.framerate, ctx.time_base = rate, 1 / rate
+        ctx.options = dict(options or {})
+        for key, value in (settings or {}).items():
+            setattr(ctx, key, value)
         ctx.open()
     except (av.error.FFmpegError, ValueError) as exc:
         log.debug("encoder %s unavailable: %s", name, exc)
@@ -137,7 +144,12 @@ class VideoWriter:
             frame = frame.reformat(width=self._stream.width, height=self._stream.height)
         frame.pts = self._pts_for(media_s)
         frame.time_base = self._stream.codec_context.time_base
-        self._mux(self._stream.encode(frame))
+        try:
+            packets = self._stream.encode(frame)
+        except av.error.FFmpegError as exc:  # the encoder refused a setting the probe accepted
+            raise RecorderError(f"recorder {self.path}: the {self.codec} encoder failed ({exc}); try --record-codec "
+                                "libx264") from None
+        self._mux(packets)
         self.frames_written += 1
 
     def close(self) -> None:
@@ -211,8 +223,9 @@ class VideoWriter:
         height, width = image.shape[:2]
         out_w, out_h = width + width % 2, height + height % 2
         rate = 1 / time_base_for_fps(self.fps or 30.0)
-        codec = next((name for name in FALLBACKS[self.requested_codec] if probe_encoder(name, out_w, out_h, rate)),
-                     None)
+        codec = next((name for name in FALLBACKS[self.requested_codec]
+                      if probe_encoder(name, out_w, out_h, rate, self._options(name),
+                                       self._settings(name, out_w, out_h, rate))), None)
         if codec is None:
             raise RecorderError(f"recorder {self.path}: no usable encoder among {FALLBACKS[self.requested_codec]}")
         if codec != self.requested_codec and not (self.requested_codec == "h264" and codec == "libx264"):
@@ -234,13 +247,9 @@ class VideoWriter:
         try:
             stream = container.add_stream(codec, rate=rate, options=self._options(codec))
             stream.width, stream.height, stream.pix_fmt = out_w, out_h, "yuv420p"
-            stream.codec_context.time_base = _MPEG4_TIME_BASE if codec == "mpeg4" else _FINE_TIME_BASE
             stream.codec_context.framerate = rate
-            stream.codec_context.gop_size = max(1, round(float(rate) * self.fragment_s * 2))  # for seeking
-            if self.bitrate:
-                stream.bit_rate = int(self.bitrate)
-            elif codec == "mpeg4":
-                stream.bit_rate = int(out_w * out_h * float(rate) * 0.2)  # mpeg4 has no crf
+            for key, value in self._settings(codec, out_w, out_h, rate).items():
+                setattr(stream.codec_context, key, value)
         except (av.error.FFmpegError, ValueError) as exc:
             container.close()
             raise RecorderError(f"recorder {self.path}: cannot set up {codec} ({exc})") from exc
@@ -248,6 +257,16 @@ class VideoWriter:
         log.info("recorder %s: %dx%d %s, crash-safe (%s)", self.path, out_w, out_h, codec,
                  "a fragment per frame" if suffix in FRAGMENTED else
                  f"a cluster every {min(self.fragment_s, MKV_CLUSTER_S):g} s of media")
+
+    def _settings(self, codec: str, width: int, height: int, rate: Fraction) -> dict[str, Any]:
+        """The encoder context's settings besides size and rate (the probe opens the encoder with them)."""
+        settings: dict[str, Any] = {"time_base": _MPEG4_TIME_BASE if codec == "mpeg4" else _FINE_TIME_BASE,
+                                    "gop_size": max(1, round(float(rate) * self.fragment_s * 2))}  # for seeking
+        if self.bitrate:
+            settings["bit_rate"] = int(self.bitrate)
+        elif codec == "mpeg4":
+            settings["bit_rate"] = int(width * height * float(rate) * 0.2)  # mpeg4 has no crf
+        return settings
 
     def _options(self, codec: str) -> dict[str, str]:
         options: dict[str, str] = {}
