@@ -334,7 +334,7 @@ def _summary(stats, sources: list[Source], random_weights: bool) -> None:
                  p95, source.frames_dropped, errors, label)
         return
     by_id = {s.source_id: s for s in sources}
-    mean_batch = float(np.mean(stats.batch_sizes)) if stats.batch_sizes else 0.0
+    mean_batch = stats.batched_frames / stats.steps if stats.steps else 0.0
     log.info("done: %d frames from %d sources in %d batched steps (%.2f frames per step), %.1f fps in all%s",
              stats.frames, len(stats.per_source), stats.steps, mean_batch, stats.fps, label)
     for sid, per in sorted(stats.per_source.items()):

@@ -21,6 +21,7 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -39,6 +40,7 @@ log = logging.getLogger(__name__)
 _SENTINEL = object()
 _JOIN_S = 30.0
 _POLL_S = 0.002  # how often the collector looks at the sources while it waits
+LATENCY_WINDOW = 10_000  # the summary's latency percentiles are of the last this many frames (memory stays flat)
 
 
 @dataclass
@@ -46,7 +48,7 @@ class SourceStats:
     """One source's figures for the final summary."""
 
     rate: RateMeter = field(default_factory=RateMeter)
-    latency_ms: list[float] = field(default_factory=list)  # capture -> sinks written
+    latency_ms: deque[float] = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))  # capture -> sinks
 
     def summary(self) -> dict[str, float]:
         lat = self.latency_ms
@@ -58,11 +60,11 @@ class SourceStats:
 @dataclass
 class RunStats:
     rate: RateMeter = field(default_factory=RateMeter)  # frames through the sinks, all sources
-    latency_ms: list[float] = field(default_factory=list)  # capture -> sinks written
+    latency_ms: deque[float] = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))  # capture -> sinks
     per_source: dict[str, SourceStats] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)  # source id -> why it failed for good
     steps: int = 0
-    batch_sizes: list[int] = field(default_factory=list)  # frames per engine step
+    batched_frames: int = 0  # frames in all engine steps (their mean size: batched_frames / steps)
     error: BaseException | None = None
 
     @property
@@ -256,7 +258,7 @@ class Runner:
                 continue
             pending = self.engine.submit_batch(frames)
             self.stats.steps += 1
-            self.stats.batch_sizes.append(len(frames))
+            self.stats.batched_frames += len(frames)
             for frame in frames:
                 self._unfinished[frame.source_id] = self._unfinished.get(frame.source_id, 0) + 1
                 self._count_submitted(frame.source_id)

@@ -264,6 +264,22 @@ def test_a_source_failing_mid_run_is_told_to_the_sinks_and_stays_down_in_metrics
     assert {labels["source"]: value for labels, value in _gauge_values(metrics.source_up)} == {"bad": 0.0}
 
 
+def test_a_long_run_keeps_a_bounded_latency_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The summary's figures come from the last LATENCY_WINDOW frames: a camera running for days does not
+    grow the process by a list entry per frame."""
+    import pipeline.runner as runner_module
+    from pipeline.sources import SourceEnded
+
+    monkeypatch.setattr(runner_module, "LATENCY_WINDOW", 5)
+    sources = [_FileLike("a", 20, SourceEnded("end")), _FileLike("b", 12, SourceEnded("end"))]
+    stats = Runner(sources, FrameEngine(Stages(torch.device("cpu"), FullFrameDetector())), [_Collect()], None,
+                   False).run()
+    assert stats.frames == 32 and stats.batched_frames == 32 and stats.steps >= 20
+    assert len(stats.latency_ms) == 5
+    assert {sid: (per.rate.total, len(per.latency_ms)) for sid, per in stats.per_source.items()} == \
+        {"a": (20, 5), "b": (12, 5)}
+
+
 # -- adding and removing sources while running ------------------------------------------------
 def _control(endpoint: str, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([*CLI, "control", "--endpoint", endpoint, *args], capture_output=True, text=True, timeout=90)
