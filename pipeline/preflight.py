@@ -167,6 +167,16 @@ def unused_settings(cfg: RunConfig) -> list[str]:
     for key, flag in (("pointmap_every", "--pointmap-every"), ("keypoints3d_window", "--keypoints3d-window")):
         if getattr(cfg, key) != getattr(RunConfig, key) and not cfg.keypoints3d:
             notes.append(f"{flag} is used only with --keypoints3d")
+    if cfg.smooth and cfg.detector == "yolo" and not cfg.track:
+        notes.append("--smooth follows track ids: with the yolo detector add --track (untracked persons pass "
+                     "through unsmoothed)")
+    if cfg.smooth_beta3d != RunConfig.smooth_beta3d and not (cfg.smooth and cfg.keypoints3d):
+        notes.append("--smooth-beta3d is used only with --smooth and --keypoints3d")
+    if "normal" in cfg.tasks:
+        notes.append("the normal task runs, but no output of the pipeline carries surface normals yet (not the "
+                     "stream, the files or the annotated frame); leave it out to save device time")
+    if "pointmap" in cfg.tasks and not cfg.keypoints3d:
+        notes.append("the pointmap task runs, but only --keypoints3d uses its maps; add --keypoints3d or leave it out")
     if cfg.curve_client != RunConfig.curve_client and not (cfg.publish_connect and cfg.curve_dir):
         notes.append("--curve-client is used only with --publish-connect and --curve-dir")
     return notes

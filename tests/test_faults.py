@@ -270,6 +270,22 @@ def test_a_setting_this_run_does_not_use_is_named(cli_env: dict[str, str], tmp_p
     assert "--keypoints3d-window is used only with --keypoints3d" in ran.stderr
 
 
+def test_settings_and_tasks_that_do_nothing_are_named() -> None:
+    """--smooth without track ids, a 3D beta without 3D smoothing, tasks whose maps nothing carries."""
+    from pipeline.config import RunConfig
+    from pipeline.preflight import unused_settings
+
+    notes = unused_settings(RunConfig(source="demo", detector="yolo", smooth=True, smooth_beta3d=2.0,
+                                      tasks=["pose", "normal", "pointmap"]))
+    assert any("--smooth follows track ids" in n and "--track" in n for n in notes)
+    assert "--smooth-beta3d is used only with --smooth and --keypoints3d" in notes
+    assert any(n.startswith("the normal task runs") for n in notes)
+    assert any(n.startswith("the pointmap task runs") for n in notes)
+    tracked = unused_settings(RunConfig(source="demo", detector="yolo", smooth=True, track=True, keypoints3d=True,
+                                        smooth_beta3d=2.0, tasks=["pose", "pointmap"]))
+    assert tracked == []
+
+
 def test_a_bad_flag_is_blamed_on_the_flag_not_on_the_config_file(cli_env: dict[str, str], tmp_path: Path,
                                                                  clip: Path) -> None:
     """With --config, a value given as a flag is named by its flag; one from the file by the file."""
