@@ -365,7 +365,8 @@ def assemble(cfg: RunConfig, sources: Source | list[Source], stages: Stages, sin
 
     smoother = KeypointSmoother(cfg.smooth_min_cutoff, cfg.smooth_beta) if cfg.smooth else None
     engine = FrameEngine(stages, cfg.kpt_threshold, cfg.detect_every, smoother, pinned=cfg.pinned_memory,
-                         track=cfg.track, keypoints3d=lift_of(cfg), pointmap_every=cfg.pointmap_every)
+                         track=cfg.track, keypoints3d=lift_of(cfg), pointmap_every=cfg.pointmap_every,
+                         beta3d=cfg.smooth_beta3d)
     if cfg.compile != "off" or stages.device.type == "cuda":
         # Every input shape once before the first frame, each stage on the stream that runs it:
         # compiles, CUDA-graph recording and cuDNN autotuning happen here, not mid-stream.

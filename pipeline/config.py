@@ -147,7 +147,8 @@ class RunConfig:
     kpt_threshold: float = option(0.3, "keypoint score below which a joint is not drawn or used for boxes")
     smooth: bool = option(False, "One-Euro smoothing per track id")
     smooth_min_cutoff: float = option(1.0, "One-Euro minimum cutoff (Hz)")
-    smooth_beta: float = option(0.05, "One-Euro speed coefficient")
+    smooth_beta: float = option(0.05, "One-Euro speed coefficient of the 2D keypoints (Hz per pixel/s)")
+    smooth_beta3d: float = option(15.0, "One-Euro speed coefficient of the 3D keypoints (Hz per unit/s of the map)")
     keypoints3d: bool = option(False, "3D keypoints: each person's keypoints sampled from the pointmap (adds the "
                                       "pointmap task; needs pose)")
     keypoints3d_window: int = option(1, "3D sample per keypoint: 1 = bilinear at the keypoint; an odd N = median "
@@ -232,8 +233,9 @@ class RunConfig:
         if self.record_fragment_s > MAX_FRAGMENT_S:
             raise ConfigError(f"record_fragment_s: at most {MAX_FRAGMENT_S:g} (a keyframe every "
                               f"{2 * MAX_FRAGMENT_S:g} s), got {self.record_fragment_s:g}")
-        if self.smooth_beta < 0:
-            raise ConfigError(f"smooth_beta: must be at least 0, got {self.smooth_beta}")
+        for key in ("smooth_beta", "smooth_beta3d"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"{key}: must be at least 0, got {getattr(self, key)}")
         if not 1 <= self.jpeg_quality <= 100:
             raise ConfigError(f"jpeg_quality: must be within 1..100, got {self.jpeg_quality}")
         unknown_ckpt = [t for t in self.checkpoints if t not in TASKS]

@@ -62,7 +62,8 @@ class FrameEngine:
 
     def __init__(self, stages: Stages, kpt_threshold: float = 0.3, detect_every: int = 1,
                  smoother: KeypointSmoother | None = None, overlap: bool = True, pinned: bool = True,
-                 track: bool = False, keypoints3d: Lift | None = None, pointmap_every: int = 1) -> None:
+                 track: bool = False, keypoints3d: Lift | None = None, pointmap_every: int = 1,
+                 beta3d: float | None = None) -> None:
         self.stages = stages
         self.pinned = pinned  # page-locked staging for uploads and downloads (off: pageable, host waits)
         self.device = stages.device
@@ -71,6 +72,7 @@ class FrameEngine:
         self.detect_every = detect_every
         self.track = track
         self._smoother_template = smoother  # copied per source (its parameters, not its state)
+        self.beta3d = beta3d  # the 3D smoother's speed coefficient (per unit/s of the map; 2D's is per pixel/s)
         if keypoints3d is not None and not {"pose", "pointmap"} <= set(stages.estimators):
             raise ValueError("keypoints3d needs the pose and pointmap stages")
         self.keypoints3d = keypoints3d
@@ -105,11 +107,11 @@ class FrameEngine:
     def state(self, source_id: str) -> SourceState:
         if source_id not in self.sources:
             tmpl = self._smoother_template
-            def copy() -> KeypointSmoother | None:
-                return None if tmpl is None else KeypointSmoother(tmpl.min_cutoff, tmpl.beta, tmpl.d_cutoff,
-                                                                  tmpl.max_age_s)
-            self.sources[source_id] = SourceState(tracker=ByteTracker() if self.track else None, smoother=copy(),
-                                                  smoother3d=copy() if self.keypoints3d is not None else None)
+            def copy(beta: float | None) -> KeypointSmoother | None:
+                return None if tmpl is None else KeypointSmoother(tmpl.min_cutoff, tmpl.beta if beta is None else beta,
+                                                                  tmpl.d_cutoff, tmpl.max_age_s)
+            self.sources[source_id] = SourceState(tracker=ByteTracker() if self.track else None, smoother=copy(None),
+                                                  smoother3d=copy(self.beta3d) if self.keypoints3d else None)
         return self.sources[source_id]
 
     @property
@@ -311,7 +313,7 @@ class FrameEngine:
                 xy, scores = host["pose.xy"][work.persons], host["pose.scores"][work.persons]
                 det = Detections(host["pose.boxes"][work.persons], det.scores, det.track_ids)
                 if state.smoother is not None:
-                    xy = state.smoother(xy, det.track_ids, frame.capture_ns / 1e9)
+                    xy = state.smoother(xy, det.track_ids, frame.clock_s)
                 keypoints = Keypoints(xy, scores)
                 if "pose.xyz" in host:
                     keypoints3d = self._keypoints3d(host, work, state, det, frame)
@@ -320,9 +322,10 @@ class FrameEngine:
                 if self.keypoints3d is not None:
                     keypoints3d = Keypoints3D.empty(num_keypoints, self.metric3d)
         matte = Matte(out["matting"], out["matting.fg"]) if "matting" in out else None
+        latency = {k: v for k, v in latency.items() if k != "pointmap" or work.pointmap_due}  # ran for this frame
         return FrameResult(frame=frame, detections=det, keypoints=keypoints, seg=out.get("seg"), matte=matte,
                            normals=out.get("normal"), pointmap=out.get("pointmap"), keypoints3d=keypoints3d,
-                           latency_ms=dict(latency), random_weights=random_weights)
+                           latency_ms=latency, random_weights=random_weights)
 
     def _keypoints3d(self, host: dict[str, np.ndarray], work: FrameWork, state: SourceState, det: Detections,
                      frame: Frame) -> Keypoints3D:
@@ -330,7 +333,7 @@ class FrameEngine:
         xyz, valid = host["pose.xyz"][rows], host["pose.xyz_valid"][rows].astype(bool)
         root, root_valid = host["pose.root"][rows], host["pose.root_valid"][rows].astype(bool)
         if state.smoother3d is not None:
-            xyz, valid, root, root_valid = smooth3d(state.smoother3d, xyz, valid, det.track_ids, frame.capture_ns / 1e9,
+            xyz, valid, root, root_valid = smooth3d(state.smoother3d, xyz, valid, det.track_ids, frame.clock_s,
                                                     self.keypoints3d.hips)
         return Keypoints3D(xyz, valid, root, root_valid, self.metric3d)
 

@@ -7,7 +7,8 @@ and batched over persons and keypoints (no host sync):
 
 * ``window=1``: bilinear interpolation at the keypoint's sub-pixel position (pixel centres at
   integer coordinates, as the keypoints are), exactly the map's value at whole pixels; a
-  non-finite pixel among the (up to) four it reads makes the point invalid;
+  non-finite pixel among the (up to) four it reads makes the point invalid; with a segmentation
+  or matte only the pixels on the person are mixed (the wall behind an outline never is);
 * ``window=k`` (odd): the per-axis median of the valid pixels of the k x k neighbourhood around the
   nearest pixel: steadier where the map is noisy or the keypoint sits on an edge.
 
@@ -46,11 +47,14 @@ class Lift:
             raise ValueError(f"window must be an odd number >= 1, got {self.window}")
 
 
-def sample_bilinear(points: Tensor, xy: Tensor) -> Tensor:
+def sample_bilinear(points: Tensor, xy: Tensor, seg: Tensor | None = None, alpha: Tensor | None = None,
+                    background: int = 0) -> Tensor:
     """points (H, W, C) at xy (P, K, 2) pixel coordinates -> (P, K, C) float32, bilinear, clamped to the map.
 
     Reads only the four pixels around each keypoint (no pass over the whole map); a pixel whose
     weight is zero does not count, so a keypoint on a whole pixel gets exactly that pixel's value.
+    With a segmentation or matte, only the pixels on the person count (their weights renormalised):
+    a keypoint on the person's outline never mixes in the depth behind them; NaN where none does.
     """
     h, w, _ = points.shape
     x = xy[..., 0].float().clamp(0, w - 1)
@@ -59,10 +63,17 @@ def sample_bilinear(points: Tensor, xy: Tensor) -> Tensor:
     x1, y1 = (x0 + 1).clamp(max=w - 1), (y0 + 1).clamp(max=h - 1)
     fx, fy = (x - x0)[..., None], (y - y0)[..., None]  # (P, K, 1)
     out = torch.zeros((*xy.shape[:-1], points.shape[-1]), dtype=torch.float32, device=points.device)
+    total = torch.zeros_like(fx)
     for ys, xs, weight in ((y0, x0, (1 - fx) * (1 - fy)), (y0, x1, fx * (1 - fy)), (y1, x0, (1 - fx) * fy),
                            (y1, x1, fx * fy)):
+        person = _on_person_at(ys, xs, seg, alpha, background)
+        if person is not None:
+            weight = torch.where(person[..., None], weight, 0.0)
+            total = total + weight
         out = out + torch.where(weight > 0, weight * points[ys, xs].float(), 0.0)
-    return out
+    if seg is None and alpha is None:
+        return out
+    return torch.where(total > 0, out / total.clamp(min=1e-12), float("nan"))
 
 
 def _on_person_at(ys: Tensor, xs: Tensor, seg: Tensor | None, alpha: Tensor | None, background: int) -> Tensor | None:
@@ -118,7 +129,7 @@ def lift(points: Tensor, xy: Tensor, scores: Tensor, lift: Lift = Lift(), seg: T
     with the keypoints (and the window), not with the frame: nothing passes over the whole map.
     """
     if lift.window == 1:
-        xyz = sample_bilinear(points, xy)
+        xyz = sample_bilinear(points, xy, seg, alpha, background)
     else:
         xyz = sample_median(points, xy, lift.window, seg, alpha, background)
     valid = (scores >= lift.threshold) & torch.isfinite(xyz).all(dim=-1)  # (P, K)

@@ -43,6 +43,7 @@ class Frame:
     tracks, smoothing and carried boxes restart).
     skipped_before: frames of the source before this one that were not processed (a live source
     replaced them): exactly what a gap in ``index`` up to this frame owes to the source.
+    live: the source is a camera or stream (its clock is the capture time), not a file.
     """
 
     index: int
@@ -53,6 +54,15 @@ class Frame:
     source_id: str = "src"
     session: int = 0
     skipped_before: int = 0
+    live: bool = False
+
+    @property
+    def clock_s(self) -> float:
+        """Seconds on the frame's own clock: a file's media time (pts; the same however fast it decodes), else
+        the capture time (a live source, or one without pts)."""
+        if self.live or self.pts is None or self.time_base is None:
+            return self.capture_ns / 1e9
+        return float(self.pts * self.time_base)
 
     def __post_init__(self) -> None:
         _check("Frame.image", self.image, (None, None, 3))

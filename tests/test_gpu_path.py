@@ -274,6 +274,26 @@ def test_pointmap_scale_is_checked(tmp_path: Path) -> None:
         engine.finish(engine.submit(_frame(0)), False)
 
 
+def test_a_frame_whose_scale_is_zero_has_invalid_3d_points_and_the_run_goes_on(pose_dir: Path, tmp_path: Path) -> None:
+    """The model's outputs are finite; only the map divided by its scale (0) is not: that frame's 3D points are
+    invalid zeros, which is not a broken model (the run does not stop)."""
+    from stages.keypoints3d import Lift
+
+    model = random_init(Sapiens2(tiny_config("pointmap", image_size=(128, 96))), seed=2)
+    with torch.no_grad():
+        model.decode_head.scale_final_layer[-1].weight.zero_()
+        model.decode_head.scale_final_layer[-1].bias.zero_()
+    pointmap = ESTIMATORS["pointmap"](load_model(write_checkpoint(model, tmp_path / "zero-scale"), device="cpu"))
+    pose = ESTIMATORS["pose"](load_model(pose_dir, device="cpu"))
+    engine = FrameEngine(Stages(torch.device("cpu"), TwoPeople(), {"pose": pose, "pointmap": pointmap}),
+                         keypoints3d=Lift(threshold=0.0))
+    result = engine.finish(engine.submit(_frame(0)), False)
+    assert not np.isfinite(result.pointmap).all()  # the degenerate prediction itself
+    k3 = result.keypoints3d
+    assert k3.xyz.shape == (2, 308, 3) and not k3.valid.any() and not k3.root_valid.any()
+    assert not k3.xyz.any() and np.isfinite(k3.root).all()
+
+
 # -- the hardware encoder probe ------------------------------------------------------------
 def test_encoder_probe_sets_the_frame_rate_nvenc_needs(monkeypatch: pytest.MonkeyPatch) -> None:
     import av

@@ -9,6 +9,7 @@ post-processed pointmap sampled at the engine's own 2D keypoints by an independe
 from __future__ import annotations
 
 import time
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -39,16 +40,19 @@ def _plane_at(xy: np.ndarray) -> np.ndarray:
     return np.stack([0.01 * x - 0.2, 0.02 * y + 0.1, 2.0 + 0.003 * x - 0.004 * y], axis=-1)
 
 
-def _bilinear(points: np.ndarray, xy: np.ndarray) -> np.ndarray:
-    """An independent bilinear (float64, clamped to the map): the value tests compare against."""
+def _bilinear(points: np.ndarray, xy: np.ndarray, on: np.ndarray | None = None) -> np.ndarray:
+    """An independent bilinear (float64, clamped to the map): the value tests compare against; with ``on``
+    (H, W bool), only the pixels on the person, their weights renormalised."""
     h, w = points.shape[:2]
     x, y = np.clip(xy[..., 0], 0, w - 1), np.clip(xy[..., 1], 0, h - 1)
     x0, y0 = np.floor(x).astype(int), np.floor(y).astype(int)
     x1, y1 = np.minimum(x0 + 1, w - 1), np.minimum(y0 + 1, h - 1)
     fx, fy = (x - x0)[..., None], (y - y0)[..., None]
     p = points.astype(np.float64)
-    return (p[y0, x0] * (1 - fx) * (1 - fy) + p[y0, x1] * fx * (1 - fy) + p[y1, x0] * (1 - fx) * fy
-            + p[y1, x1] * fx * fy)
+    corners = ((y0, x0, (1 - fx) * (1 - fy)), (y0, x1, fx * (1 - fy)), (y1, x0, (1 - fx) * fy), (y1, x1, fx * fy))
+    weights = [wt if on is None else wt * on[ys, xs][..., None] for ys, xs, wt in corners]
+    total = sum(weights)
+    return sum(p[ys, xs] * wt for (ys, xs, _), wt in zip(corners, weights)) / np.where(total > 0, total, np.nan)
 
 
 def _t(a: np.ndarray) -> torch.Tensor:
@@ -136,6 +140,24 @@ def test_low_score_off_person_and_nan_points_are_invalid_zeros() -> None:
     alpha[y3, x3] = 0.2
     _, by_matte, _, _ = lift(_t(_plane()), _t(xy), _t(np.full((1, 12), 0.9, np.float32)), rule, alpha=_t(alpha))
     assert by_matte.numpy()[0].tolist() == [True] * 3 + [False] + [True] * 8
+
+
+@pytest.mark.parametrize("mask", ["seg", "alpha"])
+def test_a_keypoint_on_the_outline_takes_the_persons_depth_not_the_walls(mask: str) -> None:
+    """The person (Z=2) covers columns 0..10, the wall behind (Z=5) the rest: a keypoint at x=10.4 is on the
+    person (its nearest pixel is), and its bilinear sample mixes only the person's pixels."""
+    points = torch.zeros(20, 20, 3)
+    points[..., 2] = 5.0
+    points[:, :11, 2] = 2.0
+    on = torch.zeros(20, 20, dtype=torch.bool)
+    on[:, :11] = True
+    maps = {"seg": on.to(torch.uint8)} if mask == "seg" else {"alpha": on.float()}
+    xyz, valid, _, _ = lift(points, torch.tensor([[[10.4, 5.0], [3.5, 5.5]]]), torch.ones(1, 2), Lift(1, hips=(0, 1)),
+                            **maps)
+    assert valid.all()
+    assert xyz[0, :, 2].tolist() == [2.0, 2.0]
+    unmasked, _, _, _ = lift(points, torch.tensor([[[10.4, 5.0]]]), torch.ones(1, 1), Lift(1, hips=(0, 0)))
+    assert float(unmasked[0, 0, 2]) == pytest.approx(2.0 * 0.6 + 5.0 * 0.4)  # without a mask: plain bilinear
 
 
 def test_the_root_is_the_valid_hip_or_nothing() -> None:
@@ -240,7 +262,20 @@ def test_engine_validity_follows_scores_and_the_segmentation(models: dict) -> No
     assert expected.any() and (~expected).any()  # both cases occur on this frame
     assert np.array_equal(k3.valid, expected)
     assert not k3.xyz[~k3.valid].any()
-    np.testing.assert_allclose(k3.xyz[k3.valid], _bilinear(result.pointmap, kp.xy)[k3.valid], atol=1e-4)
+    want = _bilinear(result.pointmap, kp.xy, result.seg != 0)  # the person's pixels only
+    np.testing.assert_allclose(k3.xyz[k3.valid], want[k3.valid], atol=1e-4)
+
+
+def test_a_frame_that_reuses_its_map_has_no_pointmap_time_in_a_step_where_another_ran(models: dict) -> None:
+    """Two sources in one step: the one whose pointmap ran reports its time, the one that reused its last map
+    does not (the step's pointmap time is not its own)."""
+    engine = _engine(models, ("pose", "pointmap"), keypoints3d=Lift(threshold=0.0), pointmap_every=2)
+    a0, a1 = (Frame(f.index, f.image, None, None, f.capture_ns, "a") for f in _frames(2))
+    b0 = Frame(0, a0.image, None, None, a0.capture_ns, "b")
+    engine.finish_batch(engine.submit_batch([a0]), False)
+    second = {r.frame.source_id: r for r in engine.finish_batch(engine.submit_batch([a1, b0]), False)}
+    assert "pointmap" not in second["a"].latency_ms and "keypoints3d" in second["a"].latency_ms
+    assert "pointmap" in second["b"].latency_ms
 
 
 def test_pointmap_every_n_reuses_the_last_map_at_the_new_keypoints(models: dict) -> None:
@@ -275,8 +310,9 @@ def test_pointmap_every_n_reuses_the_last_map_at_the_new_keypoints(models: dict)
 
 def test_smoothing_applies_to_3d_as_to_2d(models: dict) -> None:
     raw = _engine(models, ("pose", "pointmap"), keypoints3d=Lift(threshold=0.3))
-    smooth = _engine(models, ("pose", "pointmap"), keypoints3d=Lift(threshold=0.3), smoother=KeypointSmoother())
-    reference = KeypointSmoother()
+    smooth = _engine(models, ("pose", "pointmap"), keypoints3d=Lift(threshold=0.3), smoother=KeypointSmoother(),
+                     beta3d=15.0)
+    reference = KeypointSmoother(beta=15.0)  # the 3D filter's own speed coefficient (the 2D one is per pixel)
     frames = _frames(3)
     frames = [Frame(i, f.image if i % 2 == 0 else np.ascontiguousarray(f.image[::-1]), None, None, f.capture_ns)
               for i, f in enumerate(frames)]
@@ -288,6 +324,26 @@ def test_smoothing_applies_to_3d_as_to_2d(models: dict) -> None:
         np.testing.assert_allclose(b.xyz[b.valid], want[b.valid], atol=1e-6)
         assert not b.xyz[~b.valid].any()
     assert not np.allclose(b.xyz[b.valid], a.xyz[a.valid])  # it did smooth
+
+
+def test_a_file_is_smoothed_on_its_media_clock_whatever_the_decode_speed(models: dict) -> None:
+    """The same file decoded 1 ms or 50 ms per frame gives the same smoothed 2D and 3D keypoints (its pts say
+    the frames are 1/30 s apart); a live source's frames are smoothed on their capture times."""
+    def run(gap_ns: int, live: bool) -> list:
+        engine = _engine(models, ("pose", "pointmap"), keypoints3d=Lift(threshold=0.0), smoother=KeypointSmoother())
+        out = []
+        for i, f in enumerate(_frames(3)):
+            image = f.image if i % 2 == 0 else np.ascontiguousarray(f.image[::-1])
+            frame = Frame(i, image, i, Fraction(1, 30), 10**18 + i * gap_ns, live=live)
+            out.append(engine.finish(engine.submit(frame), False))
+        return out
+
+    fast, slow = run(1_000_000, False), run(50_000_000, False)
+    for a, b in zip(fast, slow):
+        np.testing.assert_array_equal(a.keypoints.xy, b.keypoints.xy)
+        np.testing.assert_array_equal(a.keypoints3d.xyz, b.keypoints3d.xyz)
+    live_fast, live_slow = run(1_000_000, True), run(50_000_000, True)
+    assert not np.allclose(live_fast[-1].keypoints.xy, live_slow[-1].keypoints.xy)
 
 
 # -- the CLI: published and written -------------------------------------------------------------

@@ -264,7 +264,7 @@ class Source:
                     self._emit("resumed", outage_s=outage, first_frame=index)
                 self._health = "ok"
             self._outage_started = None
-        frame = Frame(index, item.image, pts, time_base, time.time_ns(), self.source_id, session)
+        frame = Frame(index, item.image, pts, time_base, time.time_ns(), self.source_id, session, live=self.live)
         if self._channel.put(frame, lambda: abort.is_set() or self._stop.is_set()):
             with self._lock:
                 self._frames_dropped += 1

@@ -211,6 +211,8 @@ class _FrameEstimator(_Estimator):
     are, ``predict`` returns them on the host.
     """
 
+    check_outputs = True  # the post-processed maps are checked for non-finite values too, not only the model's
+
     @torch.inference_mode()
     def infer(self, pixels: Tensor) -> tuple[Tensor, Tensor | None]:
         return self.forward(pixels)
@@ -228,6 +230,8 @@ class _FrameEstimator(_Estimator):
             raw = (maps[i:i + 1], None if scale is None else scale[i:i + 1])
             outputs.append(self.postprocess(raw, (image.shape[1], image.shape[2])))
         checked = [maps] if scale is None else [maps, scale]
+        if not self.check_outputs:
+            return outputs, checked
         return outputs, checked + [t for out in outputs for t in out.values() if t.is_floating_point()]
 
     def run(self, image: Tensor) -> tuple[dict[str, Tensor], list[Tensor]]:
@@ -306,6 +310,9 @@ class NormalEstimator(_DenseEstimator):
 
 class PointmapEstimator(_DenseEstimator):
     task = "pointmap"
+    # The model's own outputs are checked; the map divided by a scale of 0 on one frame is not finite there,
+    # which is that frame's degenerate prediction, not a broken model: its 3D points are invalid (lift).
+    check_outputs = False
 
     def __init__(self, model: Sapiens2 | str | os.PathLike, input_size: tuple[int, int] | None = None,
                  **kwargs) -> None:
