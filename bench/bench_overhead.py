@@ -116,7 +116,7 @@ class PoseStub:
     """A pose stage whose preprocess/infer/postprocess return prepared constants (no model work)."""
 
     random_weights = True
-    model = SimpleNamespace(cfg=SimpleNamespace(num_labels=K))  # the engine reads the keypoint count here
+    model = SimpleNamespace(cfg=SimpleNamespace(num_labels=K), dtype=torch.float32)  # what the engine reads
 
     def __init__(self, device: torch.device, n: int = 1) -> None:
         self.crops = torch.zeros(n, 3, 64, 48, device=device)
