@@ -377,7 +377,8 @@ def test_status_events_holding_bytes_and_lone_surrogates_never_crash_the_cli(tmp
             time.sleep(1.0)  # nothing is printed to wait for: give the slow joiner a moment, then repeat below
         else:
             _until_joined(sock, proc, good)
-        for _ in range(20):  # until --count is reached (with nothing printed, also for a slow join)
+        deadline = time.monotonic() + 60
+        while proc.poll() is None and time.monotonic() < deadline:  # until --count is reached (also a slow join)
             for frames in hostile:
                 sock.send_multipart(frames)
             sock.send_multipart(good)
