@@ -88,7 +88,7 @@ def strictly_increasing(values: list) -> bool:
 def assert_one_clear_error(ran: Ran, *needles: str) -> str:
     """Non-zero, fast, no traceback, and stderr ends with one ``error:`` line naming the needles."""
     assert ran.rc not in (0, None), f"expected a failure, got rc={ran.rc}\n{ran.stderr}"
-    assert ran.elapsed < 30.0, f"took {ran.elapsed:.1f} s to fail"
+    assert ran.elapsed < 120.0, f"took {ran.elapsed:.1f} s to fail"  # not a hang (generous: a loaded machine)
     assert "Traceback" not in ran.stderr, ran.stderr
     lines = [line for line in ran.stderr.splitlines() if line.strip()]
     assert lines, "no message on stderr"
