@@ -189,9 +189,9 @@ def _main(argv: list[str] | None) -> int:
         return 2
     try:
         return int(args.func(args) or 0)
-    except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:  # Ctrl-C (130), or SIGTERM where a command turns it into this (143)
+        print(f"error: {'terminated' if getattr(exc, 'exit_code', 130) == 143 else 'interrupted'}", file=sys.stderr)
+        return getattr(exc, "exit_code", 130)
     except Exception as exc:  # every user-facing failure ends as one line
         log.debug("failure", exc_info=True)
         print(f"error: {one_line(exc)}", file=sys.stderr)

@@ -185,6 +185,30 @@ def test_batch_killed_then_resumed_does_each_video_once(archive: Path, ray_env: 
 
 
 @pytest.mark.timeout(400)
+def test_sigterm_stops_the_batch_as_ctrl_c_does(archive: Path, ray_env: dict[str, str], tiny: Path,
+                                                tmp_path: Path) -> None:
+    """A scheduler's SIGTERM: the summary of every input is written and printed, one error line, exit 143
+    (not Ray's crash report and an abort)."""
+    out = tmp_path / "out"
+    proc = subprocess.Popen([*CLI, "batch", str(archive), "--out", str(out), *BATCH], env=ray_env, cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        _wait_until(lambda: proc.poll() is not None or any(out.glob(f"*/{DONE}")), "the first DONE.json")
+        assert proc.poll() is None, "the run ended before the signal"
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        _kill_session(proc.pid)
+    assert proc.returncode == 143, stderr
+    assert stderr.strip().splitlines()[-1] == "error: terminated", stderr
+    assert "Traceback" not in stderr and "SIGTERM received" not in stderr, stderr
+    summary = {row["video_id"]: row["status"] for row in read_jsonl(out / SUMMARY)}
+    assert set(summary) == {*CLIPS, "broken"} and "done" in summary.values()
+    assert set(summary.values()) <= {"done", "unfinished", "failed"}
+    assert "video_id" in stdout  # the table
+
+
+@pytest.mark.timeout(400)
 def test_on_a_terminal_batch_shows_a_bar_over_the_videos(ray_env: dict[str, str], tiny: Path, tmp_path: Path) -> None:
     """stderr a terminal (a pty that reports no size, as some do: the harder case, where tqdm alone
     draws nothing): one bar over the videos, no per-video lines (those are for logs)."""
@@ -330,6 +354,101 @@ def test_a_video_is_complete_only_with_its_marker_and_outputs(tmp_path: Path) ->
     assert completed(folder) == {"status": "done", "frames": 3}
     (folder / DONE).write_text('{"status": "do')  # cut short
     assert completed(folder) is None
+
+
+@pytest.mark.timeout(60)
+def test_hidden_files_and_earlier_outputs_are_no_inputs(tmp_path: Path) -> None:
+    """A folder's ``._a.mp4`` (macOS) is not a second video 'a'; a recursive glob over a tree that holds
+    --out does not take the annotated videos of an earlier run for inputs."""
+    tree = tmp_path / "tree"
+    (tree / "out" / "a").mkdir(parents=True)
+    for name in ("a.mp4", "._a.mp4", "out/a/annotated.mp4"):
+        (tree / name).write_bytes(b"x")
+    assert [i.video_id for i in list_inputs([str(tree)], out=str(tree / "out"))] == ["a"]
+    assert [i.video_id for i in list_inputs([str(tree / "**" / "*.mp4")], out=str(tree / "out"))] == ["a"]
+    assert [i.video_id for i in list_inputs([str(tree / "**" / "*.mp4")])] == ["a", "annotated"]  # no --out known
+
+
+@pytest.mark.timeout(60)
+def test_clearing_temporaries_leaves_a_users_own_dotfiles(tmp_path: Path) -> None:
+    from pipeline.cluster.archive_files import clear_partials
+
+    for name in (".env", ".gitignore", f".partial-1-{VIDEO}", f"..partial-1-{VIDEO}.finalising.mp4", "notes"):
+        (tmp_path / name).write_text("x")
+    clear_partials(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".env", ".gitignore", "notes"]
+
+
+@pytest.mark.timeout(60)
+def test_a_marker_is_stale_when_the_weights_changed(tmp_path: Path) -> None:
+    """Random weights then real ones, or a checkpoint retrained in place: the weights' fingerprint differs,
+    so the video is done again; a marker from before weights were fingerprinted still counts."""
+    from pipeline.cluster.archive_files import Item, fingerprint, weights_fingerprint
+
+    video = tmp_path / "a.mp4"
+    video.write_bytes(b"x")
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "model.safetensors").write_bytes(b"w" * 10)
+    item, settings = Item("a", str(video), "test"), {"tasks": ["pose"]}
+    before = weights_fingerprint({"pose": ckpt})
+    folder = tmp_path / "out" / "a"
+    folder.mkdir(parents=True)
+    (folder / KEYPOINTS).write_text("{}\n")
+    (folder / VIDEO).write_bytes(b"x")
+    (folder / DONE).write_text(json.dumps({"status": "done", "fingerprint": fingerprint(item, settings, before)}))
+    assert completed(folder, fingerprint(item, settings, before)) is not None
+    (ckpt / "model.safetensors").write_bytes(b"w" * 11)  # retrained in place
+    assert completed(folder, fingerprint(item, settings, weights_fingerprint({"pose": ckpt}))) is None
+    assert completed(folder, fingerprint(item, settings, weights_fingerprint({"pose": tmp_path / "tiny"}))) is None
+    (folder / DONE).write_text(json.dumps({"status": "done", "fingerprint": fingerprint(item, settings)}))
+    assert completed(folder, fingerprint(item, settings, before)) is not None  # an older marker: no weights key
+
+
+@pytest.mark.timeout(60)
+def test_an_atomic_write_that_fails_leaves_no_temporary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipeline.cluster import archive_files
+
+    def full(*args) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(archive_files.os, "fsync", full)
+    with pytest.raises(OSError, match="No space"):
+        archive_files.write_atomic(tmp_path / SUMMARY, "row\n")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.timeout(60)
+def test_a_marker_that_cannot_be_written_fails_the_video_with_the_reason(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full disk at DONE.json: that video fails saying so (not "its worker died 3 times"), no marker."""
+    from types import SimpleNamespace
+
+    from pipeline.cluster import archive as archive_module
+    from pipeline.cluster.archive_files import Item
+    from pipeline.config import RunConfig
+
+    def outputs_made(cfg, stages, item, folder, token) -> int:
+        (folder / KEYPOINTS).write_text("{}\n")
+        (folder / VIDEO).write_bytes(b"x")
+        return 3
+
+    real_write = archive_module.write_atomic
+
+    def write(path: Path, text: str) -> None:
+        if path.name == DONE:
+            raise OSError(28, "No space left on device")
+        real_write(path, text)
+
+    monkeypatch.setattr(archive_module, "_run_one", outputs_made)
+    monkeypatch.setattr(archive_module, "write_atomic", write)
+    video = tmp_path / "a.mp4"
+    video.write_bytes(b"x")
+    row = archive_module.process_video(RunConfig(source="-"), SimpleNamespace(random_weights=False),
+                                       Item("a", str(video), "test"), tmp_path / "out", "run")
+    assert row["status"] == "failed" and "No space left on device" in row["error"]
+    assert json.loads((tmp_path / "out" / "a" / FAILED).read_text())["status"] == "failed"
+    assert completed(tmp_path / "out" / "a") is None
 
 
 @pytest.mark.timeout(120)

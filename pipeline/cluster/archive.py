@@ -25,6 +25,7 @@ import json
 import logging
 import math
 import os
+import signal
 import socket
 import sys
 import threading
@@ -51,6 +52,7 @@ from .archive_files import (
     list_inputs,
     outcome,
     prepare_out,
+    weights_fingerprint,
     write_atomic,
 )
 from .commands import need, unanswered
@@ -101,13 +103,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 # -- one video -------------------------------------------------------------------------------
-def process_video(cfg: RunConfig, stages: Stages, item: Item, out: Path, run_id: str) -> dict[str, Any]:
+def process_video(cfg: RunConfig, stages: Stages, item: Item, out: Path, run_id: str,
+                  weights: str | None = None) -> dict[str, Any]:
     """Run the pipeline on one video into ``out/<video_id>/``; never raises for a bad input (the
-    outcome row says what happened; a video already complete is not done again)."""
+    outcome row says what happened; a video already complete is not done again). ``weights``: the
+    driver's ``weights_fingerprint`` of the checkpoints, kept in the marker."""
     from pipeline.cli import one_line
 
     folder = out / item.video_id
-    made_from = fingerprint(item, dataclasses.asdict(cfg))
+    made_from = fingerprint(item, dataclasses.asdict(cfg), weights)
     marker = completed(folder, made_from)
     if marker is not None:  # a retried task whose first try finished before its worker died
         return from_marker(item, marker, run_id)
@@ -118,6 +122,11 @@ def process_video(cfg: RunConfig, stages: Stages, item: Item, out: Path, run_id:
             (folder / name).unlink(missing_ok=True)
         clear_partials(folder)
         frames = _run_one(cfg, stages, item, folder, f"{run_id}-{os.getpid()}")
+        finished = time.time()
+        row = outcome(item, "done", run_id, frames, finished - started, started=started, finished=finished)
+        marker = {**row, "outputs": [KEYPOINTS, VIDEO], "tasks": list(cfg.tasks), "fingerprint": made_from,
+                  "random_weights": bool(stages.random_weights), "worker": f"{socket.gethostname()}:{os.getpid()}"}
+        write_atomic(folder / DONE, json.dumps(marker) + "\n")  # (a full disk here fails the row, with why)
     except Exception as exc:  # a corrupt input fails its own row, never the archive
         clear_partials(folder)
         row = outcome(item, "failed", run_id, error=one_line(exc), started=started, finished=time.time(),
@@ -126,12 +135,6 @@ def process_video(cfg: RunConfig, stages: Stages, item: Item, out: Path, run_id:
             write_atomic(folder / FAILED, json.dumps(row) + "\n")
         except OSError as write_exc:
             log.error("%s: cannot write %s: %s", item.video_id, FAILED, write_exc)
-        return row
-    finished = time.time()
-    row = outcome(item, "done", run_id, frames, finished - started, started=started, finished=finished)
-    marker = {**row, "outputs": [KEYPOINTS, VIDEO], "tasks": list(cfg.tasks), "fingerprint": made_from,
-              "random_weights": bool(stages.random_weights), "worker": f"{socket.gethostname()}:{os.getpid()}"}
-    write_atomic(folder / DONE, json.dumps(marker) + "\n")
     return row
 
 
@@ -172,12 +175,12 @@ def _run_one(cfg: RunConfig, stages: Stages, item: Item, folder: Path, token: st
 class ArchiveWorker:
     """The Ray Data actor: loads the models once, then runs one row (one video) per call."""
 
-    def __init__(self, cfg: RunConfig, out: str, run_id: str) -> None:
+    def __init__(self, cfg: RunConfig, out: str, run_id: str, weights: str | None = None) -> None:
         from pipeline.cli import one_line
         from pipeline.stages_setup import build_stages
 
         logging.basicConfig(level=cfg.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
-        self.cfg, self.out, self.run_id = cfg, Path(out), run_id
+        self.cfg, self.out, self.run_id, self.weights = cfg, Path(out), run_id, weights
         self.stages, self.broken = None, ""
         try:
             self.stages = build_stages(cfg)
@@ -186,13 +189,18 @@ class ArchiveWorker:
             log.error("%s", self.broken)
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, list]:
+        from pipeline.cli import one_line
+
         rows = []
         for video_id, path in zip(batch["video_id"], batch["path"]):
             item = Item(str(video_id), str(path), "row")
             if self.broken:
                 rows.append(outcome(item, "failed", self.run_id, error=self.broken))
-            else:
-                rows.append(process_video(self.cfg, self.stages, item, self.out, self.run_id))
+                continue
+            try:
+                rows.append(process_video(self.cfg, self.stages, item, self.out, self.run_id, self.weights))
+            except Exception as exc:  # the row says why (not "its worker died", which Ray would make of it)
+                rows.append(outcome(item, "failed", self.run_id, error=one_line(exc)))
         return {key: [row[key] for row in rows] for key in ROW_KEYS}
 
 
@@ -205,7 +213,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
     for flag, value in (("--gpus-per-worker", args.gpus_per_worker), ("--cpus-per-worker", args.cpus_per_worker)):
         if value is not None and not (value >= 0 and math.isfinite(value)):
             raise ConfigError(f"{flag}: must be a number >= 0, got {value}")
-    items = list_inputs(args.inputs)
+    items = list_inputs(args.inputs, out=args.out)
     out = prepare_out(args.out)
     address = None if args.address in (None, "", "local") else args.address
     if address is not None:
@@ -215,9 +223,15 @@ def cmd_batch(args: argparse.Namespace) -> int:
     run_id = time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
     rows: dict[str, dict[str, Any]] = {}
     settings = dataclasses.asdict(cfg)
+    weights = None  # known here for a local run (a cluster's nodes resolve the weights themselves)
+    if address is None:
+        from pipeline.stages_setup import checkpoint_sources
+
+        # a missing checkpoint fails here, and tiny ones are made once, not per actor
+        weights = weights_fingerprint(checkpoint_sources(cfg))
     changed = []
     for item in items:
-        marker = completed(out / item.video_id, fingerprint(item, settings))
+        marker = completed(out / item.video_id, fingerprint(item, settings, weights))
         if marker is not None:
             rows[item.video_id] = from_marker(item, marker, run_id)
         elif completed(out / item.video_id) is not None:
@@ -227,22 +241,22 @@ def cmd_batch(args: argparse.Namespace) -> int:
                     len(changed), ", ".join(changed[:8]) + (" ..." if len(changed) > 8 else ""))
     todo = [item for item in items if item.video_id not in rows]
     log.info("batch %s: %d inputs, %d complete from before, %d to do", run_id, len(items), len(rows), len(todo))
-    if todo and address is None:
-        from pipeline.stages_setup import checkpoint_sources
-
-        checkpoint_sources(cfg)  # a missing checkpoint fails here, and tiny ones are made once, not per actor
     try:
         if todo:
-            _run_on_ray(args, cfg, todo, out, run_id, address, rows)
+            _run_on_ray(args, cfg, todo, out, run_id, address, rows, weights)
     finally:
         for item in todo:  # interrupted, or the Ray job stopped: finished unreported, or not run
             if item.video_id not in rows:
-                marker = completed(out / item.video_id)
+                marker = completed(out / item.video_id, fingerprint(item, settings, weights))
                 rows[item.video_id] = outcome(item, "unfinished", run_id) if marker is None else \
                     from_marker(item, marker, run_id)
         report = [rows[item.video_id] for item in items]
-        write_atomic(out / SUMMARY, "".join(json.dumps(row) + "\n" for row in report))
         print_summary(report, out / SUMMARY)
+        try:
+            write_atomic(out / SUMMARY, "".join(json.dumps(row) + "\n" for row in report))
+        except OSError as exc:  # a full disk: the table above is the summary; the outcome stays the run's
+            log.error("batch: cannot write %s (%s); the table above is this run's summary", out / SUMMARY,
+                      exc.strerror or exc)
     failed = [row for row in report if row["status"] not in ("done", "skipped")]
     if failed:
         names = ", ".join(f"{row['video_id']} ({row['error'] or row['status']})" for row in failed[:5])
@@ -297,7 +311,7 @@ def check_address(address: str) -> None:
 
 
 def _run_on_ray(args: argparse.Namespace, cfg: RunConfig, todo: list[Item], out: Path, run_id: str, address: str | None,
-                rows: dict[str, dict[str, Any]]) -> None:
+                rows: dict[str, dict[str, Any]], weights: str | None) -> None:
     """Start a local Ray (or join ``address``), map ``todo`` through the actor pool, and put each
     video's outcome into ``rows`` as it arrives; Ray is shut down (or left) at the end."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -315,6 +329,8 @@ def _run_on_ray(args: argparse.Namespace, cfg: RunConfig, todo: list[Item], out:
             ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
     except Exception as exc:  # Ray's own failure to start or connect, as one line
         raise RuntimeError(f"Ray did not start{'' if address is None else f' at {address}'}: {one_line(exc)}") from None
+    # SIGTERM (a scheduler stopping the job) as Ctrl-C: the summary, then exit 143; not Ray's crash handler
+    signal.signal(signal.SIGTERM, _terminated)
     try:
         gpus_there = float(ray.cluster_resources().get("GPU", 0))
         gpus = args.gpus_per_worker if args.gpus_per_worker is not None else (1.0 if gpus_there else 0.0)
@@ -327,7 +343,8 @@ def _run_on_ray(args: argparse.Namespace, cfg: RunConfig, todo: list[Item], out:
         by_id = {item.video_id: item for item in todo}
         progress = Progress(len(todo), bar=cfg.progress and sys.stderr.isatty())
         try:
-            for row in _dataset(ray, cfg, todo, out, run_id, workers, gpus, args.cpus_per_worker).iter_rows():
+            for row in _dataset(ray, cfg, todo, out, run_id, workers, gpus, args.cpus_per_worker,
+                                weights).iter_rows():
                 result = {key: _plain(row[key]) for key in ROW_KEYS}
                 rows[result["video_id"]] = result
                 progress.update(result)
@@ -346,6 +363,16 @@ def _run_on_ray(args: argparse.Namespace, cfg: RunConfig, todo: list[Item], out:
         ray.shutdown()
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM: stopped as by Ctrl-C, with the exit status of a terminated process."""
+
+    exit_code = 143
+
+
+def _terminated(signum: int, frame: Any) -> None:
+    raise Terminated("terminated")
+
+
 def _check_resources(cfg: RunConfig, workers: int, gpus: float, gpus_there: float, local: bool) -> None:
     if gpus == 0 and cfg.device.startswith("cuda"):
         raise ConfigError(f"device {cfg.device}: the workers get no GPU; pass --gpus-per-worker (e.g. 1)")
@@ -358,7 +385,7 @@ def _check_resources(cfg: RunConfig, workers: int, gpus: float, gpus_there: floa
 
 
 def _dataset(ray: Any, cfg: RunConfig, todo: list[Item], out: Path, run_id: str, workers: int, gpus: float,
-             cpus: float) -> Any:
+             cpus: float, weights: str | None) -> Any:
     import ray.data
 
     ctx = ray.data.DataContext.get_current()
@@ -372,7 +399,8 @@ def _dataset(ray: Any, cfg: RunConfig, todo: list[Item], out: Path, run_id: str,
     with warnings.catch_warnings():  # Ray 2.60 deprecates passing actor options as keywords; no other way yet
         warnings.filterwarnings("ignore", message=".*ray_remote_args.*")
         return ds.map_batches(
-            ArchiveWorker, fn_constructor_kwargs={"cfg": cfg, "out": str(out), "run_id": run_id}, batch_size=1,
+            ArchiveWorker, fn_constructor_kwargs={"cfg": cfg, "out": str(out), "run_id": run_id, "weights": weights},
+            batch_size=1,
             # one video in flight per actor: a long video never holds others queued behind it
             compute=ray.data.ActorPoolStrategy(size=workers, max_tasks_in_flight_per_actor=1),
             num_gpus=gpus, num_cpus=cpus, max_task_retries=TASK_RETRIES)

@@ -34,9 +34,11 @@ class Item:
     where: str  # where it was named, for error messages
 
 
-def list_inputs(specs: list[str]) -> list[Item]:
+def list_inputs(specs: list[str], out: str | None = None) -> list[Item]:
     """Every video named by files, folders, globs and manifests, each once (a file named twice is one
-    input); ConfigError for none, a bad id or one id for two files."""
+    input); ConfigError for none, a bad id or one id for two files. Folders and globs leave out hidden
+    files (``._a.mp4`` of macOS is not a video) and anything under ``out`` (earlier outputs are no inputs)."""
+    outside = _outside(out)
     items: list[Item] = []
     for spec in specs:
         path = Path(spec)
@@ -45,13 +47,14 @@ def list_inputs(specs: list[str]) -> list[Item]:
         elif path.is_file():
             items.append(_from_file(path, spec))
         elif path.is_dir():
-            files = sorted(f for f in path.iterdir() if f.is_file() and f.suffix.lower() in VIDEO_SUFFIXES)
+            files = sorted(f for f in path.iterdir() if f.is_file() and f.suffix.lower() in VIDEO_SUFFIXES
+                           and not f.name.startswith(".") and outside(f))
             if not files:
                 raise ConfigError(f"{spec}: no video files in this folder (looked for "
                                   f"{', '.join(sorted(VIDEO_SUFFIXES))})")
             items.extend(_from_file(f, f"folder {spec}") for f in files)
         elif any(ch in spec for ch in "*?["):
-            files = sorted(Path(m) for m in glob.glob(spec, recursive=True) if Path(m).is_file())
+            files = sorted(Path(m) for m in glob.glob(spec, recursive=True) if Path(m).is_file() and outside(Path(m)))
             if not files:
                 raise ConfigError(f"{spec!r}: the pattern matches no files")
             items.extend(_from_file(f, f"pattern {spec!r}") for f in files)
@@ -72,6 +75,14 @@ def list_inputs(specs: list[str]) -> list[Item]:
         seen[item.video_id] = item
         unique.append(item)
     return unique
+
+
+def _outside(out: str | None):
+    """A test: the file is not under the output folder ``out``."""
+    if out is None:
+        return lambda path: True
+    root = Path(out).resolve()
+    return lambda path: not path.resolve().is_relative_to(root)
 
 
 def read_manifest(path: Path) -> list[Item]:
@@ -116,8 +127,9 @@ def _check_id(video_id: str, where: str) -> None:
 
 # -- outputs and markers ---------------------------------------------------------------------
 def prepare_out(out: str) -> Path:
-    """The output folder, created; ConfigError when it cannot be written."""
-    path = Path(out)
+    """The output folder (absolute: workers on other nodes, in other folders, write there too), created;
+    ConfigError when it cannot be written."""
+    path = Path(out).absolute()
     if path.exists() and not path.is_dir():
         raise ConfigError(f"--out {out}: is a file; name a folder")
     try:
@@ -139,8 +151,10 @@ def completed(folder: Path, fingerprint: dict[str, Any] | None = None) -> dict[s
         return None
     if not isinstance(marker, dict) or marker.get("status") != "done":
         return None
-    if fingerprint is not None and marker.get("fingerprint", fingerprint) != fingerprint:
-        return None
+    stored = marker.get("fingerprint", fingerprint)
+    if fingerprint is not None and (not isinstance(stored, dict)
+                                    or any(stored.get(k, v) != v for k, v in fingerprint.items())):
+        return None  # (a key a marker from an older version does not have counts as the same)
     return marker if all((folder / name).is_file() for name in (KEYPOINTS, VIDEO)) else None
 
 
@@ -150,10 +164,11 @@ UNCHANGING = frozenset({"device", "attention", "channels_last", "compile", "fuse
                         "publish_connect", "curve_dir", "curve_client", "fallback_tiny"})
 
 
-def fingerprint(item: Item, settings: dict[str, Any]) -> dict[str, Any]:
-    """What a video's outputs were made from: the input file (path, size, modification time) and a
-    hash of the run settings that shape them; kept in DONE.json, so a rerun redoes a video whose
-    file or settings changed instead of skipping it."""
+def fingerprint(item: Item, settings: dict[str, Any], weights: str | None = None) -> dict[str, Any]:
+    """What a video's outputs were made from: the input file (path, size, modification time), a hash
+    of the run settings that shape them and, when known, of the weights (``weights_fingerprint``);
+    kept in DONE.json, so a rerun redoes a video whose file, settings or weights changed (random
+    weights then real ones, a checkpoint retrained in place) instead of skipping it."""
     path = Path(item.path)
     try:
         stat = path.stat()
@@ -161,25 +176,52 @@ def fingerprint(item: Item, settings: dict[str, Any]) -> dict[str, Any]:
     except OSError:
         size = mtime_ns = None
     shaping = {k: v for k, v in sorted(settings.items()) if k not in UNCHANGING}
-    digest = hashlib.sha256(json.dumps(shaping, sort_keys=True, default=str).encode()).hexdigest()[:16]
-    return {"input": str(path.resolve()), "size": size, "mtime_ns": mtime_ns, "settings": digest}
+    made = {"input": str(path.resolve()), "size": size, "mtime_ns": mtime_ns, "settings": _digest(shaping)}
+    return made if weights is None else {**made, "weights": weights}
+
+
+def weights_fingerprint(checkpoints: dict[str, Path]) -> str:
+    """A hash of the checkpoint each task loads: its folder and its weights file's size and time."""
+    seen = {}
+    for task, folder in sorted(checkpoints.items()):
+        folder = Path(folder)
+        weights = folder / "model.safetensors" if folder.is_dir() else folder
+        try:
+            stat = weights.stat()
+            seen[task] = [str(folder.resolve()), stat.st_size, stat.st_mtime_ns]
+        except OSError:
+            seen[task] = [str(folder), None, None]
+    return _digest(seen)
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+PARTIALS = (".partial-*", "..partial-*")  # our temporaries (and the recorder's own beside one): nothing else
 
 
 def clear_partials(folder: Path) -> None:
-    """Remove the temporaries (names starting with a dot) that an interrupted run left."""
-    for path in folder.glob(".*"):
-        if path.is_file():
-            path.unlink(missing_ok=True)
+    """Remove the temporaries an interrupted run left (only ours: a user's dotfiles there stay)."""
+    for pattern in PARTIALS:
+        for path in folder.glob(pattern):
+            if path.is_file():
+                path.unlink(missing_ok=True)
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """``text`` into ``path`` whole or not at all (a temporary beside it, fsynced, renamed over it)."""
+    """``text`` into ``path`` whole or not at all (a temporary beside it, fsynced, renamed over it; the
+    temporary is removed when any of it fails)."""
     tmp = path.with_name(f".partial-{uuid.uuid4().hex[:8]}-{path.name}")
-    with open(tmp, "w") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     fsync_path(path.parent)
 
 
