@@ -5,6 +5,7 @@ starts; the listing of inputs and the completion markers in-process.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pty
@@ -280,6 +281,45 @@ def test_a_video_that_kills_its_worker_every_time_fails_alone(ray_env: dict[str,
     (row,) = read_jsonl(out / SUMMARY)
     assert row["status"] == "failed" and "died on it 3 times" in row["error"]
     assert sorted(p.name for p in (out / "poison").iterdir()) == [FAILED]
+
+
+@pytest.mark.timeout(400)
+def test_workers_that_die_while_loading_the_models_end_the_job(ray_env: dict[str, str], tiny: Path,
+                                                               tmp_path: Path) -> None:
+    """Every worker process is SIGKILLed while it loads its models (as the OOM killer would): Ray would restart
+    it forever; the job gives up after a few with one line, instead of hanging."""
+    from pipeline.cluster.archive import LOAD_DEATHS, LOADING
+
+    archive = tmp_path / "archive"
+    archive.mkdir()
+    make_video(archive / "walk.mp4", 5, W, H)
+    out = tmp_path / "out"
+    proc = subprocess.Popen([*CLI, "batch", str(archive), "--out", str(out), "--tasks", "pose", *OFFLINE],
+                            env=ray_env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    killed: set[int] = set()
+    try:
+        end = time.monotonic() + DEADLINE_S
+        while proc.poll() is None:
+            assert time.monotonic() < end, "the job hung"
+            for mark in out.glob(f"{LOADING}*"):  # a worker loading its models: kill it there
+                pid = int(mark.name.rsplit("-", 1)[1])
+                if pid not in killed:
+                    killed.add(pid)
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+            time.sleep(0.02)
+        _, stderr = proc.communicate(30)
+    finally:
+        _kill_session(proc.pid)
+    assert len(killed) == LOAD_DEATHS
+    assert proc.returncode == 1, stderr
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith("error: the Ray job stopped after 0 of 1 videos: 3 worker processes died while loading "
+                           "the models"), stderr
+    assert not list(out.glob(f"{LOADING}*"))
+    (row,) = read_jsonl(out / SUMMARY)
+    assert row["status"] == "unfinished"
 
 
 # -- refused before Ray starts -----------------------------------------------------------------

@@ -25,6 +25,7 @@ import json
 import logging
 import math
 import os
+import re
 import signal
 import socket
 import sys
@@ -70,6 +71,7 @@ SET_BY_BATCH = ("source", "sources", "source_id", "realtime", "stall_timeout_s",
 ROW_KEYS = ("video_id", "path", "status", "frames", "seconds", "error", "run_id", "started", "finished")
 OBJECT_STORE_BYTES = 128 * 2**20  # a local Ray holds only the rows: keep its shared memory small
 TASK_RETRIES = 2  # a video whose worker process dies is tried this many more times, then reported failed
+LOAD_DEATHS = 3  # worker processes that may die while loading the models before the job gives up
 ADDRESS_TIMEOUT_S = 5.0
 
 
@@ -172,21 +174,36 @@ def _run_one(cfg: RunConfig, stages: Stages, item: Item, folder: Path, token: st
     return stats.frames
 
 
+LOADING = ".partial-loading-"  # + run id + host + pid: a worker loading its models (in --out)
+
+
+class WorkersDied(RuntimeError):
+    """Worker processes died while loading the models, again and again: the job cannot go on."""
+
+
 class ArchiveWorker:
     """The Ray Data actor: loads the models once, then runs one row (one video) per call."""
 
-    def __init__(self, cfg: RunConfig, out: str, run_id: str, weights: str | None = None) -> None:
+    def __init__(self, cfg: RunConfig, out: str, run_id: str, weights: str | None = None, workers: int = 1) -> None:
         from pipeline.cli import one_line
         from pipeline.stages_setup import build_stages
 
         logging.basicConfig(level=cfg.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
         self.cfg, self.out, self.run_id, self.weights = cfg, Path(out), run_id, weights
         self.stages, self.broken = None, ""
+        # A process that dies while loading (out of memory) leaves its mark; Ray would restart it forever.
+        marks = list(self.out.glob(f"{LOADING}{run_id}-*"))
+        if len(marks) >= LOAD_DEATHS + workers - 1:  # (the other workers may be loading right now)
+            raise WorkersDied(f"{len(marks) - workers + 1} worker processes died while loading the models (out of "
+                              "memory?); see the Ray worker logs")
+        loading = self.out / f"{LOADING}{run_id}-{socket.gethostname()}-{os.getpid()}"
+        loading.touch()
         try:
             self.stages = build_stages(cfg)
         except Exception as exc:  # every row this actor gets then fails with the reason; the job goes on
             self.broken = f"the worker could not load the models: {one_line(exc)}"
             log.error("%s", self.broken)
+        loading.unlink(missing_ok=True)
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, list]:
         from pipeline.cli import one_line
@@ -349,10 +366,14 @@ def _run_on_ray(args: argparse.Namespace, cfg: RunConfig, todo: list[Item], out:
                 rows[result["video_id"]] = result
                 progress.update(result)
         except Exception as exc:  # the Ray job itself stopped (not one video: those are rows)
-            raise RuntimeError(f"the Ray job stopped after {progress.done} of {len(todo)} videos: {one_line(exc)}; "
-                               "rerun the same command to resume") from None
+            died = re.search(WorkersDied.__name__ + r": (.+)", str(exc))  # Ray wraps it in its own report
+            why = died.group(1) if died else one_line(exc)
+            raise RuntimeError(f"the Ray job stopped after {progress.done} of {len(todo)} videos: {why}; rerun the "
+                               "same command to resume") from None
         finally:
             progress.close()
+            for mark in out.glob(f"{LOADING}{run_id}-*"):
+                mark.unlink(missing_ok=True)
         for video_id in by_id.keys() - rows.keys():  # its worker process died on it, every try
             clear_partials(out / video_id)
             rows[video_id] = outcome(by_id[video_id], "failed", run_id,
@@ -399,8 +420,9 @@ def _dataset(ray: Any, cfg: RunConfig, todo: list[Item], out: Path, run_id: str,
     with warnings.catch_warnings():  # Ray 2.60 deprecates passing actor options as keywords; no other way yet
         warnings.filterwarnings("ignore", message=".*ray_remote_args.*")
         return ds.map_batches(
-            ArchiveWorker, fn_constructor_kwargs={"cfg": cfg, "out": str(out), "run_id": run_id, "weights": weights},
-            batch_size=1,
+            ArchiveWorker, batch_size=1,
+            fn_constructor_kwargs={"cfg": cfg, "out": str(out), "run_id": run_id, "weights": weights,
+                                   "workers": workers},
             # one video in flight per actor: a long video never holds others queued behind it
             compute=ray.data.ActorPoolStrategy(size=workers, max_tasks_in_flight_per_actor=1),
             num_gpus=gpus, num_cpus=cpus, max_task_retries=TASK_RETRIES)
