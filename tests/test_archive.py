@@ -182,7 +182,7 @@ def test_batch_killed_then_resumed_does_each_video_once(archive: Path, ray_env: 
         video = decode_video(folder / VIDEO)
         assert (video.count, video.width, video.height) == (frames, W, H), name
     assert sorted(p.name for p in (out / "broken").iterdir()) == [FAILED]
-    assert not [p for p in out.rglob(".*")], "temporary files remain"
+    assert [p.name for p in out.rglob(".*")] == [".lock"], "temporary files remain"  # (the run's lock stays)
 
 
 @pytest.mark.timeout(400)
@@ -410,6 +410,34 @@ def test_hidden_files_and_earlier_outputs_are_no_inputs(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(60)
+def test_names_an_id_cannot_hold_get_a_short_stable_id_of_their_own(tmp_path: Path) -> None:
+    """Non-Latin names (all 'src' before, so they collided) and names over 64 characters: a readable part and
+    a hash of the name, the same on every run."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    long = "a" * 70
+    for name in ("日本.mp4", "中文.mp4", f"{long}.mp4", "café.mp4", "plain name.mp4"):
+        (folder / name).write_bytes(b"x")
+    ids = {Path(i.path).name: i.video_id for i in list_inputs([str(folder)])}
+    assert ids["plain name.mp4"] == "plain_name"
+    assert ids["日本.mp4"].startswith("video-") and ids["中文.mp4"].startswith("video-")
+    assert ids["日本.mp4"] != ids["中文.mp4"]
+    assert ids[f"{long}.mp4"].startswith("a" * 55 + "-") and len(ids[f"{long}.mp4"]) <= 64
+    assert ids["café.mp4"].startswith("caf-")
+    assert ids == {Path(i.path).name: i.video_id for i in list_inputs([str(folder)])}
+
+
+@pytest.mark.timeout(60)
+def test_a_second_run_on_the_same_out_is_refused(tmp_path: Path) -> None:
+    from pipeline.cluster.archive_files import lock_out
+
+    with lock_out(tmp_path):
+        with pytest.raises(ConfigError, match=r"another batch run \(.* pid \d+\) is using it"):
+            lock_out(tmp_path)
+    lock_out(tmp_path).close()  # free again once the first has ended
+
+
+@pytest.mark.timeout(60)
 def test_clearing_temporaries_leaves_a_users_own_dotfiles(tmp_path: Path) -> None:
     from pipeline.cluster.archive_files import clear_partials
 
@@ -468,10 +496,10 @@ def test_a_marker_that_cannot_be_written_fails_the_video_with_the_reason(tmp_pat
     from pipeline.cluster.archive_files import Item
     from pipeline.config import RunConfig
 
-    def outputs_made(cfg, stages, item, folder, token) -> int:
+    def outputs_made(cfg, stages, item, folder, token) -> tuple[int, int]:
         (folder / KEYPOINTS).write_text("{}\n")
         (folder / VIDEO).write_bytes(b"x")
-        return 3
+        return 3, 0
 
     real_write = archive_module.write_atomic
 
@@ -489,6 +517,33 @@ def test_a_marker_that_cannot_be_written_fails_the_video_with_the_reason(tmp_pat
     assert row["status"] == "failed" and "No space left on device" in row["error"]
     assert json.loads((tmp_path / "out" / "a" / FAILED).read_text())["status"] == "failed"
     assert completed(tmp_path / "out" / "a") is None
+
+
+@pytest.mark.timeout(60)
+def test_a_video_done_with_corrupt_packets_says_how_many(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture) -> None:
+    from types import SimpleNamespace
+
+    from pipeline.cluster import archive as archive_module
+    from pipeline.cluster.archive_files import Item, from_marker
+    from pipeline.config import RunConfig
+
+    def outputs_made(cfg, stages, item, folder, token) -> tuple[int, int]:
+        (folder / KEYPOINTS).write_text("{}\n")
+        (folder / VIDEO).write_bytes(b"x")
+        return 13, 4  # 13 frames, 4 packets that did not decode
+
+    monkeypatch.setattr(archive_module, "_run_one", outputs_made)
+    video = tmp_path / "a.mp4"
+    video.write_bytes(b"x")
+    item = Item("a", str(video), "test")
+    row = archive_module.process_video(RunConfig(source="-"), SimpleNamespace(random_weights=False), item,
+                                       tmp_path / "out", "run")
+    assert row["status"] == "done" and row["decode_errors"] == 4
+    marker = completed(tmp_path / "out" / "a")
+    assert marker["decode_errors"] == 4 and from_marker(item, marker, "later")["decode_errors"] == 4
+    archive_module.print_summary([row], tmp_path / SUMMARY)
+    assert "4 corrupt packets skipped" in capsys.readouterr().out
 
 
 @pytest.mark.timeout(120)

@@ -51,6 +51,7 @@ from .archive_files import (
     from_marker,
     fsync_path,
     list_inputs,
+    lock_out,
     outcome,
     prepare_out,
     weights_fingerprint,
@@ -68,7 +69,8 @@ log = logging.getLogger("sapiens2_stream")
 SET_BY_BATCH = ("source", "sources", "source_id", "realtime", "stall_timeout_s", "batch_timeout_s", "control",
                 "record", "save_keypoints", "publish", "publish_connect", "curve_dir", "curve_client",
                 "jpeg_quality", "gpu_jpeg", "show", "view", "view_token", "metrics")
-ROW_KEYS = ("video_id", "path", "status", "frames", "seconds", "error", "run_id", "started", "finished")
+ROW_KEYS = ("video_id", "path", "status", "frames", "seconds", "error", "run_id", "started", "finished",
+            "decode_errors")
 OBJECT_STORE_BYTES = 128 * 2**20  # a local Ray holds only the rows: keep its shared memory small
 TASK_RETRIES = 2  # a video whose worker process dies is tried this many more times, then reported failed
 LOAD_DEATHS = 3  # worker processes that may die while loading the models before the job gives up
@@ -123,9 +125,10 @@ def process_video(cfg: RunConfig, stages: Stages, item: Item, out: Path, run_id:
         for name in (DONE, FAILED):
             (folder / name).unlink(missing_ok=True)
         clear_partials(folder)
-        frames = _run_one(cfg, stages, item, folder, f"{run_id}-{os.getpid()}")
+        frames, decode_errors = _run_one(cfg, stages, item, folder, f"{run_id}-{os.getpid()}")
         finished = time.time()
-        row = outcome(item, "done", run_id, frames, finished - started, started=started, finished=finished)
+        row = outcome(item, "done", run_id, frames, finished - started, started=started, finished=finished,
+                      decode_errors=decode_errors)
         marker = {**row, "outputs": [KEYPOINTS, VIDEO], "tasks": list(cfg.tasks), "fingerprint": made_from,
                   "random_weights": bool(stages.random_weights), "worker": f"{socket.gethostname()}:{os.getpid()}"}
         write_atomic(folder / DONE, json.dumps(marker) + "\n")  # (a full disk here fails the row, with why)
@@ -140,8 +143,9 @@ def process_video(cfg: RunConfig, stages: Stages, item: Item, out: Path, run_id:
     return row
 
 
-def _run_one(cfg: RunConfig, stages: Stages, item: Item, folder: Path, token: str) -> int:
-    """The plain pipeline on one file into temporaries, renamed into place once whole; frames written."""
+def _run_one(cfg: RunConfig, stages: Stages, item: Item, folder: Path, token: str) -> tuple[int, int]:
+    """The plain pipeline on one file into temporaries, renamed into place once whole; (frames written,
+    corrupt packets skipped)."""
     from pipeline.app import assemble, build_sinks
     from pipeline.sources import Source
     from pipeline.sources.readers import open_file
@@ -171,7 +175,7 @@ def _run_one(cfg: RunConfig, stages: Stages, item: Item, folder: Path, token: st
         fsync_path(path)
         os.replace(path, folder / name)
     fsync_path(folder)
-    return stats.frames
+    return stats.frames, source.decode_errors
 
 
 LOADING = ".partial-loading-"  # + run id + host + pid: a worker loading its models (in --out)
@@ -232,6 +236,11 @@ def cmd_batch(args: argparse.Namespace) -> int:
             raise ConfigError(f"{flag}: must be a number >= 0, got {value}")
     items = list_inputs(args.inputs, out=args.out)
     out = prepare_out(args.out)
+    with lock_out(out):  # the folder is this run's until it ends
+        return _batch(args, items, out)
+
+
+def _batch(args: argparse.Namespace, items: list[Item], out: Path) -> int:
     address = None if args.address in (None, "", "local") else args.address
     if address is not None:
         check_address(address)
@@ -447,7 +456,7 @@ class Progress:
     def update(self, row: dict[str, Any]) -> None:
         self.done += 1
         text = f"[{self.done}/{self.total}] {row['video_id']}: {row['status']}, {row['frames']} frames in " \
-               f"{row['seconds']:.1f} s" + (f" ({row['error']})" if row["error"] else "")
+               f"{row['seconds']:.1f} s" + (f" ({_note(row)})" if _note(row) else "")
         if self.bar is None:
             print(text, file=sys.stderr, flush=True)
             return
@@ -460,13 +469,19 @@ class Progress:
             self.bar.close()
 
 
+def _note(row: dict[str, Any]) -> str:
+    """The error, or for a video done with packets it could not decode, how many."""
+    skipped = row.get("decode_errors") or 0
+    return row["error"] or (f"{skipped} corrupt packets skipped" if skipped else "")
+
+
 def print_summary(report: list[dict[str, Any]], path: Path) -> None:
     """Every input, then the counts, on stdout."""
     width = max(len("video_id"), *(len(row["video_id"]) for row in report))
     print(f"{'video_id':<{width}}  {'status':<10}  {'frames':>6}  {'seconds':>7}  error")
     for row in report:
         print(f"{row['video_id']:<{width}}  {row['status']:<10}  {row['frames']:>6}  {row['seconds']:>7.1f}  "
-              f"{row['error']}")
+              f"{_note(row)}")
     counts = {status: sum(row["status"] == status for row in report) for status in ("done", "skipped", "failed",
                                                                                     "unfinished")}
     print(f"{len(report)} inputs: {counts['done']} done, {counts['skipped']} skipped (complete before), "

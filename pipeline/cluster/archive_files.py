@@ -9,6 +9,7 @@ import glob
 import hashlib
 import json
 import os
+import socket
 import tempfile
 import uuid
 from dataclasses import dataclass
@@ -114,6 +115,9 @@ def _from_file(path: Path, where: str) -> Item:
     from pipeline.sources.source import id_from_name  # (decoders load with it: not at the CLI's start)
 
     video_id = id_from_name(path.stem)  # the id a plain run gives the same file
+    if len(video_id) > 64 or not path.stem.isascii():  # too long, or letters an id cannot hold (日本, 中文)
+        base = id_from_name(path.stem.encode("ascii", "ignore").decode())[:55].strip("_-")
+        video_id = f"{base if base != 'src' else 'video'}-{hashlib.sha256(path.stem.encode()).hexdigest()[:8]}"
     _check_id(video_id, f"{where} ({path.name})")
     return Item(video_id, str(path.absolute()), f"{where}: {path}")
 
@@ -126,6 +130,27 @@ def _check_id(video_id: str, where: str) -> None:
 
 
 # -- outputs and markers ---------------------------------------------------------------------
+def lock_out(out: Path) -> Any:
+    """An exclusive lock on ``out`` for this run (held while the returned file stays open); ConfigError
+    naming the other run when one holds it (two runs on one folder would clobber each other's files)."""
+    import fcntl
+
+    handle = open(out / ".lock", "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.seek(0)
+        holder = handle.read().strip() or "another process"
+        handle.close()
+        raise ConfigError(f"--out {out}: another batch run ({holder}) is using it; wait for it to end, or pick "
+                          "another folder") from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"{socket.gethostname()} pid {os.getpid()}\n")
+    handle.flush()
+    return handle
+
+
 def prepare_out(out: str) -> Path:
     """The output folder (absolute: workers on other nodes, in other folders, write there too), created;
     ConfigError when it cannot be written."""
@@ -235,15 +260,17 @@ def fsync_path(path: Path) -> None:
 
 
 def outcome(item: Item, status: str, run_id: str, frames: int = 0, seconds: float = 0.0, error: str = "",
-            started: float = 0.0, finished: float = 0.0) -> dict[str, Any]:
-    """One summary row (also the body of DONE.json / FAILED.json)."""
+            started: float = 0.0, finished: float = 0.0, decode_errors: int = 0) -> dict[str, Any]:
+    """One summary row (also the body of DONE.json / FAILED.json); ``decode_errors``: corrupt packets the
+    decoder skipped (a video damaged in the middle is done with fewer frames, and says so)."""
     return {"video_id": item.video_id, "path": item.path, "status": status, "frames": int(frames),
             "seconds": round(float(seconds), 3), "error": error, "run_id": run_id, "started": started,
-            "finished": finished}
+            "finished": finished, "decode_errors": int(decode_errors)}
 
 
 def from_marker(item: Item, marker: dict[str, Any], run_id: str) -> dict[str, Any]:
     """The row of a complete video from its DONE.json: done by this run, or skipped (done by an earlier one)."""
     by = str(marker.get("run_id", ""))
     return outcome(item, "done" if by == run_id else "skipped", by, marker.get("frames", 0), marker.get("seconds", 0.0),
-                   started=marker.get("started", 0.0), finished=marker.get("finished", 0.0))
+                   started=marker.get("started", 0.0), finished=marker.get("finished", 0.0),
+                   decode_errors=marker.get("decode_errors", 0))
