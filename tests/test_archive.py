@@ -561,3 +561,23 @@ def test_a_config_file_keeps_its_model_settings_and_loses_its_sources_and_output
     assert (cfg.tasks, cfg.max_persons, cfg.detector) == (["pose", "seg"], 3, "full-frame")
     assert (cfg.source, cfg.record, cfg.show) == ([], None, False)
     assert "ignoring source, record, show" in caplog.text
+
+
+@pytest.mark.timeout(120)
+def test_files_named_relative_to_here_reach_the_workers_absolute(tmp_path: Path, tiny: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Workers run in other folders (on a cluster, on other hosts): a relative checkpoint or background image
+    would be looked for there."""
+    from PIL import Image
+
+    from pipeline.cli import build_parser
+    from pipeline.cluster.archive import batch_config
+
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(tiny, tmp_path / "ckpt")
+    Image.new("RGB", (8, 8)).save(tmp_path / "bg.png")
+    args = build_parser().parse_args(["batch", "videos", "--out", "out", "--detector", "full-frame", "--tasks",
+                                      "pose,matting", "--checkpoint", "pose=ckpt", "--matte-background", "bg.png"])
+    cfg = batch_config(args)
+    assert cfg.checkpoints["pose"] == str(tmp_path / "ckpt") and cfg.matte_background == str(tmp_path / "bg.png")
+    assert cfg.detector_model == "yolo11n.pt"  # not a file here: a name for Ultralytics, as it is

@@ -319,7 +319,15 @@ def batch_config(args: argparse.Namespace) -> RunConfig:
                     ", ".join(ignored), args.config)
     cfg = dataclasses.replace(cfg, **defaults)
     preflight(cfg, [SourceSpec("video", "-")], check_sources=False)  # annotation background, detector model
-    return cfg
+    # Files named relative to here, absolute: the workers run in other folders (on a cluster, other hosts)
+    return dataclasses.replace(cfg, checkpoints={task: _absolute(v) for task, v in cfg.checkpoints.items()},
+                               detector_model=_absolute(cfg.detector_model),
+                               matte_background=_absolute(cfg.matte_background))
+
+
+def _absolute(value: str) -> str:
+    """A path that names an existing file or folder here, absolute; anything else (a hub id, a colour) as it is."""
+    return str(Path(value).absolute()) if value and Path(value).exists() else value
 
 
 def check_address(address: str) -> None:
