@@ -8,9 +8,8 @@ submits step t before finishing step t-1, so the detector of t overlaps the Sapi
 On the CPU the same code runs in order: the stream contexts are no-ops and the "events" are
 wall-clock stamps.
 
-Stream layout: U upload -> S segmentation, M matting, N normals/pointmap start as soon as the
-frames are on the device; D detector (host loop of Ultralytics) in parallel; P pose waits only for
-its own step's boxes.
+Streams: upload, then segmentation, matting and normals/pointmap at once; the detector (a host
+loop) in parallel; pose waits only for its own step's boxes.
 
 Per source the engine keeps: the session (a reopened source resets its tracks, carried boxes and
 smoothing), the ByteTrack tracker, and for ``detect_every > 1`` the boxes carried to the frames the
@@ -81,6 +80,7 @@ class FrameEngine:
         self.pointmap_every = max(1, pointmap_every)
         self.sources: dict[str, SourceState] = {}
         self.on_precision_change: Callable[[], None] | None = None  # after a float16 -> bfloat16 fallback
+        self._warmed: tuple[int, int] | None = None  # (max persons, max frames) of warm_up, once it ran
         graphs = [t for t, est in stages.estimators.items() if est.fastpath.cuda_graphs]
         if self.cuda and overlap and graphs:
             # CUDA-graph replays of all compiled models share one memory pool; replays on different
@@ -94,11 +94,15 @@ class FrameEngine:
         """Run every input shape once, each stage on the stream that will run it: compiled graphs
         and CUDA graphs are recorded where they replay. Returns seconds per task."""
         seconds = {}
-        stream_of = dict(DENSE_STREAMS, pose="pose")
-        for task, est in self.stages.estimators.items():
-            with self.lanes.use(stream_of[task]):
-                seconds[task] = est.warmup(max_persons if task == "pose" else max_frames)
+        self._warmed = (max_persons, max_frames)  # a stage that changes dtype later is warmed up again
+        for task in self.stages.estimators:
+            seconds[task] = self._warm(task)
         return seconds
+
+    def _warm(self, task: str) -> float:
+        max_persons, max_frames = self._warmed
+        with self.lanes.use(dict(DENSE_STREAMS, pose="pose")[task]):
+            return self.stages.estimators[task].warmup(max_persons if task == "pose" else max_frames)
 
     def forget(self, source_id: str) -> None:
         """Drop a source's tracks, smoothers and cached maps (it ended or was removed)."""
@@ -352,7 +356,7 @@ class FrameEngine:
                                            f"{str(ran)[6:]}; {advice}")
             if est.model.dtype == torch.float16:
                 log.warning("%s: float16 overflowed (non-finite output); this stage runs in bfloat16 from now on", task)
-                self._switch_to_bfloat16(est)
+                self._switch_to_bfloat16(task)
             redo = Pending(pending.frames, Clock(self.device))
             stream_of = dict(DENSE_STREAMS)
             with torch.inference_mode():
@@ -374,12 +378,16 @@ class FrameEngine:
             for work, again in zip(pending.frames, redo.frames):
                 work.outputs.update(again.outputs)
 
-    def _switch_to_bfloat16(self, est) -> None:
+    def _switch_to_bfloat16(self, task: str) -> None:
         """The weights change dtype only when no stream reads them: a step already queued in float16 still
-        runs on them, and the memory the old weights free must not be handed to the new ones meanwhile."""
+        runs on them, and the memory the old weights free must not be handed to the new ones meanwhile.
+        A warmed-up engine warms the stage up again (compiled graphs and CUDA graphs of the new dtype are
+        made now, once, not frame by frame as each shape first comes)."""
         if self.cuda:
             torch.cuda.synchronize(self.device)
-        est.set_dtype(torch.bfloat16)
+        self.stages.estimators[task].set_dtype(torch.bfloat16)
+        if self._warmed is not None:
+            self._warm(task)
         if self.cuda:
             torch.cuda.synchronize(self.device)
         if self.on_precision_change is not None:

@@ -237,6 +237,10 @@ def test_float16_fall_back_when_the_next_step_is_already_queued(hot_mlp_dir: Pat
     again in bfloat16 too, not taken for a bfloat16 failure."""
     pose = ESTIMATORS["pose"](load_model(hot_mlp_dir, device="cpu", dtype="float16"))
     engine = FrameEngine(Stages(torch.device("cpu"), TwoPeople(), {"pose": pose}))
+    warmed = []  # the dtype of each warm-up: compiled and CUDA graphs of bfloat16 are made at the switch too
+    real_warmup = pose.warmup
+    pose.warmup = lambda n: warmed.append(pose.model.dtype) or real_warmup(n)
+    engine.warm_up(max_persons=2)
     with caplog.at_level(logging.WARNING, "pipeline.engine"):
         first, second = engine.submit(_frame(0)), engine.submit(_frame(1))
         results = [engine.finish(first, False), engine.finish(second, False)]
@@ -244,6 +248,7 @@ def test_float16_fall_back_when_the_next_step_is_already_queued(hot_mlp_dir: Pat
     for result in results:
         assert np.isfinite(result.keypoints.xy).all() and np.isfinite(result.keypoints.scores).all()
     assert len([r for r in caplog.records if "bfloat16" in r.getMessage()]) == 1
+    assert warmed == [torch.float16, torch.bfloat16]
     again = engine.finish(engine.submit(_frame(1)), False)
     np.testing.assert_allclose(results[1].keypoints.xy, again.keypoints.xy, atol=1e-3)
 
