@@ -8,6 +8,7 @@ command line runs it first and refuses bad input in about a second instead of af
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import re
 import socket
@@ -119,9 +120,25 @@ def preflight(cfg: RunConfig, specs: list[SourceSpec] | None = None, *, check_so
         if not is_hub_id(source) and not Path(source).exists():
             raise ConfigError(f"checkpoints: {task}={source}: no such checkpoint file or folder, and not a hub id "
                               "(owner/name)")
+        made_for = _checkpoint_task(Path(source))
+        if made_for is not None and made_for != task:
+            raise ConfigError(f"checkpoints: {task}={source} is a {made_for} checkpoint (its config.json says so), "
+                              f"not {task}; name a {task} checkpoint")
     if cfg.curve_dir and not Path(cfg.curve_dir).is_dir():
         raise ConfigError(f"curve_dir: {cfg.curve_dir!r} is not a folder; create keys with "
                           f"`sapiens2-stream keys {cfg.curve_dir}`")
+
+
+def _checkpoint_task(folder: Path) -> str | None:
+    """The task a checkpoint folder's config.json names, when it has a readable one (else None: the
+    loader says what is wrong with it)."""
+    from stages.sapiens2.config import ARCHITECTURES  # (no torch)
+
+    try:
+        archs = json.loads((folder / "config.json").read_text()).get("architectures") or [None]
+    except (OSError, ValueError, AttributeError):
+        return None
+    return ARCHITECTURES.get(archs[0]) if isinstance(archs, list) else None
 
 
 def _check_outputs_collide(cfg: RunConfig, specs: list[SourceSpec], ids: list[str]) -> None:

@@ -270,6 +270,14 @@ def test_a_setting_this_run_does_not_use_is_named(cli_env: dict[str, str], tmp_p
     assert "--keypoints3d-window is used only with --keypoints3d" in ran.stderr
 
 
+def test_a_checkpoint_of_another_task_is_refused_before_any_model_loads(tiny: Path, cli_env: dict[str, str],
+                                                                        tmp_path: Path, clip: Path) -> None:
+    ran = run_cli(["--source", clip, "--tasks", "pose", "--keypoints3d", "--checkpoint", f"pointmap={tiny / 'seg'}",
+                   *OFFLINE], cli_env, tmp_path)
+    assert_one_clear_error(ran, "pointmap=", "is a seg checkpoint", "not pointmap")
+    assert "loaded " not in ran.stderr
+
+
 def test_settings_and_tasks_that_do_nothing_are_named() -> None:
     """--smooth without track ids, a 3D beta without 3D smoothing, tasks whose maps nothing carries."""
     from pipeline.config import RunConfig
