@@ -58,6 +58,9 @@ def _fleet_file(tmp_path: Path, **overrides) -> Path:
     ({"pipeline": {"tasks": ["posture"]}}, "pipeline: tasks"),
     ({"pipeline": {"bogus": 1}}, "fleet.yaml: pipeline: unknown key 'bogus'"),
     ({"broker": "127.0.0.1:5555"}, "no transport"),
+    ({"liveness_s": float("nan")}, "liveness_s must be a positive number"),  # (a retry would never come)
+    ({"retry_max_s": float("inf")}, "retry_max_s must be a positive number"),
+    ({"cameras": [{"id": "a", "uri": "demo", "stall_timeout_s": float("nan")}]}, "stall_timeout_s must be"),
     ({}, "broker tcp://127.0.0.1:1 is not reachable"),
 ])
 def test_bad_fleet_file_is_one_line_before_anything_starts(tmp_path: Path, cli_env: dict, overrides: dict,
@@ -67,6 +70,51 @@ def test_bad_fleet_file_is_one_line_before_anything_starts(tmp_path: Path, cli_e
     lines = [line for line in ran.stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and needle in lines[0], ran.stderr
     assert "Traceback" not in ran.stderr
+
+
+def test_a_refusal_with_json_prints_the_reply_and_still_fails() -> None:
+    from pipeline.cluster.fleet_cli import _print
+    from pipeline.cluster.fleetspec import FleetError
+
+    with pytest.raises(FleetError, match="is in the fleet"):
+        _print({"ok": False, "error": "camera 'a' is in the fleet with uri 'x'"}, True)
+    _print({"ok": True}, True)  # an answer that is not a refusal passes
+
+
+@pytest.mark.timeout(120)
+def test_a_controller_started_while_redis_is_away_waits_for_it(tmp_path: Path) -> None:
+    """A restart of the controller during a Redis outage: it waits (a constructor that raised would leave it
+    dead for good, its GPU actors orphaned) and starts once Redis answers."""
+    import logging
+    import threading
+
+    from pipeline.cluster.fleet import FleetController
+
+    waiting = threading.Event()
+
+    class Seen(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "waits for it" in record.getMessage():
+                waiting.set()
+
+    handler = Seen()
+    logging.getLogger("pipeline.cluster.fleet").addHandler(handler)
+    port, made = free_port(), []
+    thread = threading.Thread(target=lambda: made.append(FleetController(f"redis://127.0.0.1:{port}/0", "w")))
+    thread.start()
+    proc = None
+    try:
+        assert waiting.wait(60), "the controller did not say it waits for Redis"
+        proc = start_redis(tmp_path, port)
+        thread.join(60)
+        assert made and made[0].starts == 1 and made[0].cameras == {}
+    finally:
+        logging.getLogger("pipeline.cluster.fleet").removeHandler(handler)
+        if made:
+            made[0]._stop.set()
+            made[0].mirror.close()
+        if proc is not None:
+            stop_redis(proc)
 
 
 @pytest.mark.timeout(120)
@@ -99,6 +147,47 @@ def test_a_redis_restarted_empty_between_writes_gets_the_whole_state_back(tmp_pa
     finally:
         mirror.close()
         stop_redis(server)
+
+
+@pytest.mark.timeout(120)
+def test_a_camera_that_keeps_failing_holds_no_slot_a_moved_camera_needs(tmp_path: Path) -> None:
+    """Capacity 1 per actor, two actors: 'broken' (retrying between tries) on actor 1 and 'north' on actor 0.
+    Actor 0 is lost: north takes broken's slot at once (not after Ray restarts actor 0); broken, when its
+    next try comes, finds its slot taken and waits for room."""
+    from types import SimpleNamespace
+
+    from pipeline.cluster.fleet import FleetController, _CameraState, _Worker
+    from pipeline.cluster.fleetspec import Camera, FleetSpec
+
+    class Handle:
+        def __init__(self) -> None:
+            self.added: list[str] = []
+            self.add = SimpleNamespace(remote=lambda camera: self.added.append(camera["id"]) or object())
+
+    with redis_server(tmp_path) as url:
+        controller = FleetController(url, "p")
+        controller._stop.set()  # its loop (which asks Ray) is not needed: the steps are called here
+        controller._thread.join(30)
+        try:
+            controller.spec = FleetSpec("tcp://127.0.0.1:1", url, 1)
+            handles = {0: Handle(), 1: Handle()}
+            controller.workers = {i: _Worker(i, h, alive=True) for i, h in handles.items()}
+            for cid in ("broken", "north"):
+                controller.cameras[cid] = Camera(cid, "demo")
+            controller.state = {cid: _CameraState() for cid in controller.cameras}
+            controller.placement = {"broken": 1, "north": 0}
+            controller.state["north"].status = "running"
+            controller.state["broken"].status, controller.state["broken"].next_try = "retrying", time.monotonic() + 60
+            controller._lost(controller.workers[0], "GPU actor 0 failed")
+            controller._place_and_start(time.monotonic())
+            assert controller.placement == {"broken": 1, "north": 1} and handles[1].added == ["north"]
+            controller._finish_adds = lambda: None
+            controller.state["north"].add_ref = None
+            controller._place_and_start(time.monotonic() + 120)  # broken's next try: its slot is taken
+            assert controller.placement == {"north": 1} and controller.state["broken"].status == "waiting"
+            assert handles[1].added == ["north"]
+        finally:
+            controller.mirror.close()
 
 
 def test_unreachable_redis_and_ray_address_are_one_line(tmp_path: Path, cli_env: dict) -> None:
@@ -370,6 +459,8 @@ def test_fleet_places_cameras_survives_controller_restart_and_node_loss(cluster:
         done = run_cli(args, c["env"], c["folder"], timeout=120)
         assert done.rc == 0 and "stopped" in done.stdout, done.stderr
         assert not db.keys("sapiens2:fleet:t:*")
+        again = run_cli(args, c["env"], c["folder"], timeout=120)  # down already: what was asked holds
+        assert again.rc == 0 and "not running" in again.stdout, again.stderr
     finally:
         sub.close()
         subprocess.run([*CLI, "fleet", "down", "--address", c["cluster"].address, "--name", "t"], env=c["env"],

@@ -82,6 +82,7 @@ class _CameraState:
     from_worker: int | None = None
     outage_total_s: float = 0.0
     last_outage_s: float | None = None
+    health: str = "ok"  # the source's own, while it runs: ok, stalled, reconnecting
 
 
 class FleetController:
@@ -92,13 +93,15 @@ class FleetController:
         redis = need("redis", "fleet")
         self.fleet, self.keys = fleet, redis_keys(fleet)
         self.db = redis.Redis.from_url(redis_url, socket_timeout=5, socket_connect_timeout=3)
-        self.starts = int(self.db.incr(self.keys["starts"]))
-        raw = self.db.get(self.keys["spec"])
-        self.spec: FleetSpec | None = FleetSpec.from_dict(json.loads(raw)) if raw else None
-        stored = self.db.hgetall(self.keys["cameras"])
-        self.cameras = {cid.decode(): Camera(**json.loads(v)) for cid, v in stored.items()}
-        self.placement = {cid.decode(): int(v) for cid, v in self.db.hgetall(self.keys["placement"]).items()}
-        self.outages = [json.loads(o) for o in self.db.lrange(self.keys["outages"], 0, _OUTAGES_KEPT - 1)]
+        delay = 0.5
+        while True:  # a restart while Redis is away waits for it (a constructor that raised would stay dead)
+            try:
+                self._read_state()
+                break
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+                log.warning("fleet %s: Redis does not answer (%s); the controller waits for it", fleet, exc)
+                time.sleep(delay)
+                delay = min(2 * delay, 5.0)
         self.mirror = Mirror(self.db, fleet, self.keys)
         self.state = {cid: _CameraState() for cid in self.cameras}
         self.workers: dict[int, _Worker] = {}
@@ -107,15 +110,28 @@ class FleetController:
         self._stop = threading.Event()
         if self.spec is not None:
             self._start_workers()
+            self._connect_publisher()
         self._thread = threading.Thread(target=self._run, name="fleet-controller", daemon=True)
         self._thread.start()
         log.info("fleet %s controller start %d: %d cameras, %d placed (from Redis)", fleet, self.starts,
                  len(self.cameras), len(self.placement))
 
+    def _read_state(self) -> None:
+        """Settings, cameras, placement and outages as Redis has them (empty for a new fleet)."""
+        self.starts = int(self.db.incr(self.keys["starts"]))
+        raw = self.db.get(self.keys["spec"])
+        self.spec: FleetSpec | None = FleetSpec.from_dict(json.loads(raw)) if raw else None
+        stored = self.db.hgetall(self.keys["cameras"])
+        self.cameras = {cid.decode(): Camera(**json.loads(v)) for cid, v in stored.items()}
+        self.placement = {cid.decode(): int(v) for cid, v in self.db.hgetall(self.keys["placement"]).items()}
+        self.outages = [json.loads(o) for o in self.db.lrange(self.keys["outages"], 0, _OUTAGES_KEPT - 1)]
+
     # -- calls from the CLI (repeat-safe) ---------------------------------------------------
     def configure(self, spec: dict[str, Any]) -> dict[str, Any]:
         """Apply a fleet file: settings, and its cameras added or updated (others are kept)."""
         new = FleetSpec.from_dict(spec)
+        if self._stop.is_set():
+            return self._taken_down()
         with self._lock:
             old = self.spec
             if old is not None and self.workers and (old.pipeline, old.broker, old.gpus) != (new.pipeline, new.broker,
@@ -125,12 +141,16 @@ class FleetController:
             self.spec = new
             self.mirror.write(lambda pipe: pipe.set(self.keys["spec"], json.dumps({**new.to_dict(), "cameras": []})))
             self._start_workers()
-        for camera in new.cameras:
-            self.add(camera.to_dict())
+            self._connect_publisher()
+        refused = [r["error"] for r in (self.add(camera.to_dict()) for camera in new.cameras) if not r.get("ok")]
+        if refused:  # the rest is applied; the file asks for what the fleet does not do (a changed camera)
+            return {"ok": False, "error": f"{len(refused)} camera(s) not applied: {'; '.join(refused)}"}
         return {"ok": True, "workers": len(self.workers)}
 
     def add(self, camera: dict[str, Any]) -> dict[str, Any]:
         cam = Camera(**camera)
+        if self._stop.is_set():
+            return self._taken_down()
         with self._lock:
             old = self.cameras.get(cam.id)
             if old == cam:
@@ -166,7 +186,8 @@ class FleetController:
             cameras = []
             for cid, cam in sorted(self.cameras.items()):
                 st = self.state.get(cid, _CameraState())
-                cameras.append({"id": cid, "uri": cam.uri, "worker": self.placement.get(cid), "status": st.status,
+                status = st.health if st.status == "running" and st.health in ("stalled", "reconnecting") else st.status
+                cameras.append({"id": cid, "uri": cam.uri, "worker": self.placement.get(cid), "status": status,
                                 "frames": st.frames, "error": st.error, "attempts": st.attempts,
                                 "outage_total_s": round(st.outage_total_s, 3),
                                 "last_outage_s": None if st.last_outage_s is None else round(st.last_outage_s, 3)})
@@ -176,6 +197,10 @@ class FleetController:
                 "redis_ok": not self.mirror.behind,
                 "capacity": self.spec.capacity if self.spec else None, "workers": workers, "cameras": cameras,
                 "outages": outages}
+
+    def _taken_down(self) -> dict[str, Any]:
+        return {"ok": False, "error": "this fleet was taken down, but its Redis keys remain (Redis did not answer); "
+                                      "run `sapiens2-stream fleet down` again once Redis answers"}
 
     def down(self) -> dict[str, Any]:
         """Stop every worker and forget the fleet (Redis keys deleted); the controller is killed by the CLI."""
@@ -189,6 +214,7 @@ class FleetController:
                     ray.kill(worker.handle, no_restart=True)
                 except Exception:  # already gone
                     log.debug("killing worker %d", worker.index, exc_info=True)
+            self.workers.clear()  # (status says so; an `up` now is refused until a `down` finishes)
             try:
                 self.db.delete(*self.keys.values())
             except Exception as exc:  # Redis away: a later `fleet up` of this name would bring the cameras back
@@ -270,6 +296,7 @@ class FleetController:
                 continue
             st = self.state[cid]
             st.frames = int(desc.get("frames") or 0)
+            st.health = str(desc.get("health") or "ok")
             if st.status != "running":
                 st.status = "running" if st.frames > 0 else "starting"
             if st.status == "running" and st.down_since is not None:
@@ -340,17 +367,30 @@ class FleetController:
                 self._retry_later(cid, st, reply.get("error", "did not open"))
 
     def _place_and_start(self, now: float) -> None:
+        """Cameras without a worker get the one with the most spare capacity, working ones first: a camera
+        that keeps failing (retrying, between its tries) holds no slot that a camera moved by a failover
+        needs; when its next try comes and its slot is taken meanwhile, it is placed again as a new one."""
         live = {i: w for i, w in self.workers.items() if w.alive}
-        loads = {i: sum(1 for c in self.placement.values() if c == i) for i in live}
-        for cid in sorted(self.cameras):
+
+        def holds(cid: str) -> bool:
+            return self.state[cid].status != "retrying" or self.state[cid].add_ref is not None
+
+        loads = {i: sum(1 for c, j in self.placement.items() if j == i and holds(c)) for i in live}
+        for cid in sorted(self.cameras, key=lambda c: (self.state[c].status == "retrying", c)):
             st = self.state[cid]
             if cid in self.placement or st.add_ref is not None:
                 index = self.placement.get(cid)
                 worker = live.get(index) if index is not None else None
                 due = st.status in ("retrying", "pending") and now >= st.next_try
-                if worker is not None and st.add_ref is None and cid not in worker.running and due:
+                if worker is None or st.add_ref is not None or cid in worker.running or not due:
+                    continue
+                if st.status == "retrying" and loads[index] >= self.spec.capacity:
+                    del self.placement[cid]  # its slot went to a working camera: find another, or wait
+                    self.mirror.write(lambda pipe, cid=cid: pipe.hdel(self.keys["placement"], cid))
+                else:
+                    loads[index] += st.status == "retrying"  # (it holds its slot again while it tries)
                     st.add_ref = worker.handle.add.remote(self.cameras[cid].to_dict())
-                continue
+                    continue
             index = place(loads, self.spec.capacity) if live else None
             if index is None:  # every GPU actor is full ("waiting"), or none has started yet
                 st.status = "waiting" if live else ("moving" if st.status == "moving" else "pending")
@@ -362,6 +402,26 @@ class FleetController:
                 st.status = "pending"
             st.add_ref = live[index].handle.add.remote(self.cameras[cid].to_dict())
 
+    def _connect_publisher(self) -> None:
+        """The PUB socket of the controller's status messages, connected to the broker now: a socket made at
+        the first failover would lose that first message (ZeroMQ's slow joiner)."""
+        import zmq
+
+        if self._publisher is not None or self.spec is None:
+            return
+        try:
+            sock = zmq.Context.instance().socket(zmq.PUB)
+            sock.setsockopt(zmq.LINGER, 1000)
+            sock.setsockopt(zmq.SNDHWM, 1000)
+            if self.spec.curve_dir:
+                from sapiens2_client.keys import CurveClientKeys
+
+                CurveClientKeys.from_dir(self.spec.curve_dir, self.spec.curve_client).apply(sock)
+            sock.connect(self.spec.broker)
+            self._publisher = sock
+        except Exception:  # best effort, as the messages are; the fleet status has the same facts
+            log.debug("fleet status socket not connected", exc_info=True)
+
     def _publish_status(self, cid: str, health: str, event: dict[str, Any]) -> None:
         """A status message for the camera through the broker, so subscribers see the outage."""
         import zmq
@@ -369,17 +429,7 @@ class FleetController:
         from sapiens2_client import wire
 
         try:
-            if self._publisher is None:
-                ctx = zmq.Context.instance()
-                sock = ctx.socket(zmq.PUB)
-                sock.setsockopt(zmq.LINGER, 1000)
-                sock.setsockopt(zmq.SNDHWM, 1000)
-                if self.spec.curve_dir:
-                    from sapiens2_client.keys import CurveClientKeys
-
-                    CurveClientKeys.from_dir(self.spec.curve_dir, self.spec.curve_client).apply(sock)
-                sock.connect(self.spec.broker)
-                self._publisher = sock
+            self._connect_publisher()
             fields = {"fps": 0.0, "health": health, "frames": self.state[cid].frames, "last_frame_index": -1,
                       "drops": {}, "event": {**event, "time_ns": time.time_ns()}}
             self._publisher.send_multipart(wire.encode("status", cid, fields, publish_ns=time.time_ns()),

@@ -120,9 +120,10 @@ def _call(method, *args, timeout_s: float) -> Any:
 
 
 def _print(reply: dict[str, Any], as_json: bool) -> None:
+    """The reply (as JSON with --json); a refusal is a FleetError either way (one line, exit 1)."""
     if as_json:
-        print(json.dumps(reply, sort_keys=True))
-    elif not reply.get("ok", True):
+        print(json.dumps(reply, sort_keys=True), flush=True)
+    if not reply.get("ok", True):
         raise FleetError(reply.get("error", "refused"))
 
 
@@ -242,7 +243,11 @@ def cmd_down(args: argparse.Namespace) -> int:
     import ray
 
     _connect(args.address)
-    controller = _controller(args.name)
+    try:
+        controller = _controller(args.name)
+    except FleetError:  # down already, or never up: what was asked for holds (as remove of an absent camera)
+        print(f"fleet {args.name}: not running")
+        return 0
     reply = _call(controller.down, timeout_s=args.timeout)
     if not reply.get("ok"):
         raise FleetError(f"fleet {args.name}: {reply['error']}")  # the controller stays, for the next try

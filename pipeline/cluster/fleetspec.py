@@ -18,6 +18,7 @@ Everything here is checked before Ray starts (``FleetError``, one line). Pure Py
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -96,9 +97,14 @@ def camera_from(entry: Any, where: str) -> Camera:
     realtime, stall = entry.get("realtime"), entry.get("stall_timeout_s")
     if realtime is not None and not isinstance(realtime, bool):
         raise FleetError(f"{where} ({cid}): realtime must be true or false")
-    if stall is not None and (isinstance(stall, bool) or not isinstance(stall, int | float) or stall <= 0):
+    if stall is not None and not _seconds(stall):
         raise FleetError(f"{where} ({cid}): stall_timeout_s must be a positive number of seconds")
     return Camera(cid, uri.strip(), realtime, None if stall is None else float(stall))
+
+
+def _seconds(value: Any) -> bool:
+    """A positive, finite number of seconds (NaN and infinity are none: a retry would never come)."""
+    return not isinstance(value, bool) and isinstance(value, int | float) and 0 < value < math.inf
 
 
 def check_redis_url(url: Any, where: str = "redis") -> str:
@@ -160,7 +166,7 @@ def parse_fleet(data: Any, where: str = "fleet") -> FleetSpec:
     numbers = {}
     for key, default in (("liveness_s", 20.0), ("retry_max_s", 60.0)):
         value = data.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        if not _seconds(value):
             raise FleetError(f"{where}: {key} must be a positive number of seconds")
         numbers[key] = float(value)
     client = data.get("curve_client", "pipeline")
