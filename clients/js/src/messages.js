@@ -149,6 +149,15 @@ export function toMessage(d) {
   }
   const name = IMAGE_PART[d.kind];
   if (!own(a, name)) throw new WireError(`${d.kind} message lacks its ${show(name)} part`, "parts");
+  // A frame's picture is colour (H, W, 3) uint8 (JPEG, or raw), a map (H, W) uint8 (PNG, or raw): as in Python.
+  const part = a[name];
+  const [encoding, layout] = d.kind === "frame" ? ["jpeg", "H, W, 3"] : ["png", "H, W"];
+  const fits = part.dtype === "|u1" && (d.kind === "frame" ? part.shape.length === 3 && part.shape[2] === 3
+    : part.shape.length === 2);
+  if (![encoding, "raw"].includes(part.encoding) || !fits) {
+    throw new WireError(`${d.kind} message: its ${show(name)} part must be ${encoding} or raw (${layout}) |u1, got `
+      + `${part.encoding} (${part.shape.join(", ")}) ${part.dtype}`, "encoding");
+  }
   if (d.kind === "frame") return { ...base, meta, image: a[name], annotated: h.annotated ?? false };
   if (d.kind === "seg") return { ...base, meta, classes: a[name] };
   return { ...base, meta, alpha: a[name], alpha_scale: Number(h.alpha_scale ?? 255) };

@@ -167,6 +167,14 @@ def to_message(d: Decoded) -> Message:
     name = IMAGE_PART[d.kind]
     if name not in a:
         raise WireError(f"{d.kind} message lacks its {name!r} part", "parts")
+    encoding = next((p.get("encoding") for p in h.get("parts", []) if p.get("name") == name), None)
+    part = a[name]  # a frame's picture is colour (H, W, 3) uint8 (JPEG, or raw), a map (H, W) uint8 (PNG, or raw)
+    want, layout = ("jpeg", "H, W, 3") if d.kind == "frame" else ("png", "H, W")
+    fits = part.dtype == np.uint8 and (part.shape[2:] == (3,) and part.ndim == 3 if d.kind == "frame" else
+                                       part.ndim == 2)
+    if encoding not in (want, "raw") or not fits:
+        raise WireError(f"{d.kind} message: its {name!r} part must be {want} or raw ({layout}) |u1, got {encoding} "
+                        f"{tuple(part.shape)} {part.dtype}", "encoding")
     if d.kind == "frame":
         return FrameMessage(d.topic, h, meta, a[name], h.get("annotated", False))
     if d.kind == "seg":

@@ -25,6 +25,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from . import wire
 from .endpoints import check_endpoint
+from .images import CodecMissing
 from .keys import CurveClientKeys
 from .messages import (
     FrameMessage,
@@ -112,6 +113,7 @@ class Subscriber:
         self._pending: collections.deque[Message] = collections.deque()
         self._last_index: dict[str, tuple[int, int]] = {}  # topic -> (frame_index, drops.source) last seen
         self._warned_versions: set[str] = set()
+        self._warned_codec = False
         self._own_ctx = context is None
         self._ctx = context or zmq.Context()
         self._sock = self._ctx.socket(zmq.SUB)
@@ -129,19 +131,21 @@ class Subscriber:
         self._poller = zmq.Poller()
         self._poller.register(self._sock, zmq.POLLIN)
         self._poller.register(self._monitor, zmq.POLLIN)
-        self.connect(endpoint)
+        try:
+            self.connect(endpoint)
+        except ValueError:
+            self.close()
+            raise
 
     def connect(self, endpoint: str) -> None:
         """Receive from another publisher (or broker) too; ValueError for an endpoint ZeroMQ refuses."""
-        try:
+        try:  # (a refused endpoint leaves the subscriber as it was: its other connections go on)
             check_endpoint(endpoint, bind=False)
         except ValueError as e:
-            self.close()
             raise ValueError(f"cannot connect: {e}") from None
         try:
             self._sock.connect(endpoint)
         except zmq.ZMQError as e:
-            self.close()
             raise ValueError(f"cannot connect to {endpoint!r}: {e}; expected e.g. {wire.DEFAULT_ENDPOINT}") from e
         self._endpoints.append(endpoint)
 
@@ -150,6 +154,8 @@ class Subscriber:
         timeout = self.timeout_s if timeout_s is _UNSET else timeout_s
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
+            if self._sock.closed:  # (polling closed sockets returns at once, for ever)
+                raise ReceiveTimeout(f"the subscriber of {self.endpoint} is closed")
             if self.latest_only:
                 self._drain()
             if self._pending:
@@ -230,6 +236,12 @@ class Subscriber:
             return True
         except wire.WireError as e:
             self._skip(e)
+            return True
+        except CodecMissing as e:  # an image message without an image decoder here: the others go on
+            self.stats.skipped["codec"] += 1
+            if not self._warned_codec:
+                self._warned_codec = True
+                log.warning("skipping frame, seg and matte messages: %s", e)
             return True
         source = msg.source_id if isinstance(msg, StatusMessage) else msg.meta.source_id
         if self.sources is not None and source not in self.sources:

@@ -81,7 +81,8 @@ class Limits:
     max_header_bytes: int = 64 * 1024
     max_parts: int = 16
     max_dims: int = 4
-    max_array_bytes: int = 256 * 1024 * 1024  # one decoded part (a PNG decodes to more than it weighs)
+    max_array_bytes: int = 256 * 1024 * 1024  # one decoded part, and a message's images together (a PNG
+    # decodes to more than it weighs: 16 small hostile parts must not decode to 16 times the limit)
     max_pixels: int = 64 * 1024 * 1024  # one image part: width * height
     max_header_depth: int = 4  # header -> parts -> part -> shape
 
@@ -456,7 +457,12 @@ def _decode_image(name: str, enc: str, dtype: str, shape: list[int], data: bytes
     if info.width * info.height > limits.max_pixels:
         raise MessageTooLarge(f"part {name!r}: {info.width}x{info.height} pixels exceed the limit of "
                               f"{limits.max_pixels}")
-    image = images.decode_jpeg_rgb(data) if enc == "jpeg" else images.decode_png_gray(data)
+    try:
+        image = images.decode_jpeg_rgb(data) if enc == "jpeg" else images.decode_png_gray(data)
+    except images.CodecMissing:
+        raise
+    except Exception as e:  # the decoder's own refusal (Pillow's bomb check of a second SOF, MemoryError, ...)
+        raise WireError(f"part {name!r}: {enc} data does not decode ({type(e).__name__})", "image") from None
     if image is None or list(image.shape) != wanted_shape or image.dtype != np.uint8:
         got = None if image is None else (image.shape, image.dtype)
         raise WireError(f"part {name!r}: {enc} data does not decode to {shape} (got {got})", "image")
@@ -511,6 +517,12 @@ def decode(
     descs = header.get("parts", [])
     if not isinstance(descs, list) or len(descs) != len(frames) - 2:
         raise WireError(f"header describes {descs!r:.80} parts but {len(frames) - 2} were sent", "parts")
+    images_bytes = sum(math.prod(d["shape"]) for d in descs if isinstance(d, dict) and d.get("encoding") in
+                       ("jpeg", "png") and isinstance(d.get("shape"), list) and len(d["shape"]) <= limits.max_dims
+                       and all(_is_int(n, 0, 1 << 32) for n in d["shape"]))
+    if images_bytes > limits.max_array_bytes:  # before any image decodes (each is checked alone below too)
+        raise MessageTooLarge(f"the images of this message declare {images_bytes} bytes, over the "
+                              f"{limits.max_array_bytes}-byte limit")
     arrays: dict[str, np.ndarray] = {}
     for desc, data in zip(descs, frames[2:]):
         name, array = _decode_part(desc, bytes(data), limits)
