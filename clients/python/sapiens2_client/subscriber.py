@@ -114,6 +114,7 @@ class Subscriber:
         self._last_index: dict[str, tuple[int, int]] = {}  # topic -> (frame_index, drops.source) last seen
         self._warned_versions: set[str] = set()
         self._warned_codec = False
+        self._rcvhwm = max(1, rcvhwm)  # latest_only holds no more decoded messages than the socket would
         self._own_ctx = context is None
         self._ctx = context or zmq.Context()
         self._sock = self._ctx.socket(zmq.SUB)
@@ -223,6 +224,9 @@ class Subscriber:
             frames = self._sock.recv_multipart(zmq.NOBLOCK)
         except zmq.Again:
             return False
+        return self._handle(frames)
+
+    def _handle(self, frames: list[bytes]) -> bool:
         try:
             msg = to_message(wire.decode(frames, limits=self.limits))
         except wire.SchemaVersionError as e:
@@ -269,15 +273,42 @@ class Subscriber:
             self.stats.restarts += 1
             log.debug("%s: frame_index %d after %d; counting from here", topic, index, last[0])
 
+    def _count_superseded(self, frames: list[bytes]) -> None:
+        """The gap counter hears of an image message dropped undecoded (its header only, bounded)."""
+        try:
+            header = wire.load_header(bytes(frames[1]), self.limits) if len(frames) > 1 else None
+        except wire.WireError:
+            return
+        if not isinstance(header, dict) or (self.sources is not None and header.get("source_id") not in self.sources):
+            return
+        index, drops = header.get("frame_index"), header.get("drops")
+        skipped = drops.get("source", 0) if isinstance(drops, dict) else 0
+        if wire._is_int(index) and wire._is_int(skipped):
+            self._count_gap(bytes(frames[0][:80]).decode("ascii", "replace"), index, skipped)
+
     def _skip(self, error: wire.WireError) -> None:
         self.stats.skipped[error.reason] += 1
         log.debug("skipped a message (%s): %s", error.reason, error)
 
     def _drain(self) -> None:
-        """Take everything already queued, then keep only the newest image message per topic."""
-        for _ in range(_DRAIN_LIMIT):
-            if not self._receive_one():
+        """Take what is queued (up to rcvhwm messages held here: a slow reader's backlog stays bounded by
+        the socket, which drops), decode only the newest image message per topic (an older one is
+        superseded before it costs a decode: its header alone tells the gap counter), then keep only the
+        newest image message per topic among those held."""
+        raw: list[list[bytes]] = []
+        for _ in range(min(_DRAIN_LIMIT, max(0, self._rcvhwm - len(self._pending)))):
+            try:
+                raw.append(self._sock.recv_multipart(zmq.NOBLOCK))
+            except zmq.Again:
                 break
+        last = {bytes(frames[0][:80]): i for i, frames in enumerate(raw) if bytes(frames[0][:6]).split(b".")[0]
+                in (b"frame", b"seg", b"matte")}
+        for i, frames in enumerate(raw):
+            if last.get(bytes(frames[0][:80]), i) != i:
+                self.stats.superseded += 1
+                self._count_superseded(frames)
+            else:
+                self._handle(frames)
         newest: dict[str, int] = {}
         for i, m in enumerate(self._pending):
             if isinstance(m, (FrameMessage, SegMessage, MatteMessage)):

@@ -20,9 +20,10 @@ def _fields() -> dict:
     return wire.meta_fields(wire.FrameMeta("cam0", 0, 0, 1))
 
 
-def _frame(image: np.ndarray | None = None) -> list[bytes]:
+def _frame(image: np.ndarray | None = None, index: int = 0) -> list[bytes]:
     image = np.zeros((48, 64, 3), np.uint8) if image is None else image
-    return wire.encode("frame", "cam0", _fields(), [wire.Part("image", image, "jpeg")], publish_ns=1)
+    fields = wire.meta_fields(wire.FrameMeta("cam0", index, index, 1))
+    return wire.encode("frame", "cam0", fields, [wire.Part("image", image, "jpeg")], publish_ns=1)
 
 
 def _keypoints() -> list[bytes]:
@@ -134,3 +135,52 @@ def test_receiving_from_a_closed_subscriber_ends_at_once(pub) -> None:
     with pytest.raises(ReceiveTimeout, match="closed"):
         sub.recv()
     assert list(sub) == []
+
+
+class _Queued:
+    """Stands in for the SUB socket: these messages are waiting, then nothing (no timing involved)."""
+
+    closed = False
+
+    def __init__(self, messages: list[list[bytes]]) -> None:
+        self.messages = messages
+
+    def recv_multipart(self, flags: int = 0) -> list[bytes]:
+        if not self.messages:
+            raise zmq.Again()
+        return self.messages.pop(0)
+
+
+@pytest.mark.timeout(60)
+def test_latest_only_decodes_only_the_newest_queued_image(pub, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Twenty frames waiting: one decode (the newest), nineteen superseded before they cost a decode, and the
+    gap counter still sees every index (nothing counted missed)."""
+    _, endpoint = pub
+    decoded = []
+    real = images.decode_jpeg_rgb
+    monkeypatch.setattr(images, "decode_jpeg_rgb", lambda data: decoded.append(1) or real(data))
+    queue = _Queued([_frame(index=i) for i in range(1, 21)])
+    with Subscriber(endpoint, ["frame"], latest_only=True, timeout_s=5) as sub:
+        sock, sub._sock = sub._sock, queue
+        try:
+            sub._drain()
+        finally:
+            sub._sock = sock
+        assert [m.meta.frame_index for m in sub._pending] == [20]
+        assert len(decoded) == 1 and sub.stats.superseded == 19 and sub.stats.missed == 0
+
+
+@pytest.mark.timeout(60)
+def test_latest_only_holds_no_more_than_the_socket_would(pub) -> None:
+    """A slow reader of keypoints (never superseded): the backlog stays in the socket, bounded by its
+    high-water mark (which drops), not in an unbounded queue of decoded messages."""
+    _, endpoint = pub
+    queue = _Queued([_keypoints() for _ in range(20)])
+    with Subscriber(endpoint, ["keypoints"], latest_only=True, rcvhwm=5, timeout_s=5) as sub:
+        sock, sub._sock = sub._sock, queue
+        try:
+            sub._drain()
+            sub._drain()
+        finally:
+            sub._sock = sock
+        assert len(sub._pending) == 5 and len(queue.messages) == 15
