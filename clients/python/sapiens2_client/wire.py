@@ -1,14 +1,12 @@
-"""The ZeroMQ wire format: schema constants and pure encode/decode functions.
+"""The ZeroMQ wire format (docs/WIRE.md is normative; this is its reference implementation).
 
-A message is multipart ``[topic, header, part...]``. The topic is ``<kind>.<source_id>``
-(ASCII), the header a msgpack map (or a JSON object, whose first byte is ``{``), and each
-part one binary payload described, in order, by ``header["parts"]``. docs/WIRE.md is the
-normative description; this module is its reference implementation. No pickle anywhere.
+A message is ``[topic, header, part...]``: topic ``<kind>.<source_id>`` (ASCII), header a msgpack
+map (or a JSON object), each part a binary payload described in order by ``header["parts"]``.
 
 ``decode`` treats every message as hostile: sizes are checked with exact integer arithmetic
-against :class:`Limits` before anything is allocated, image dimensions are read from the PNG/JPEG
-header bytes before decoding, and every header field the format defines is type-checked. It
-raises :class:`WireError` (with a ``reason`` code that subscribers count by) and nothing else.
+against :class:`Limits` before any allocation, image sizes read from the PNG/JPEG headers before
+decoding, every header field type-checked. It raises :class:`WireError` (with a ``reason`` that
+subscribers count by) and nothing else. No pickle anywhere.
 """
 
 from __future__ import annotations
@@ -33,15 +31,16 @@ KINDS = ("keypoints", "frame", "seg", "matte", "status")
 IMAGE_KINDS = ("frame", "seg", "matte")
 HEADER_FORMATS = ("msgpack", "json")
 ENCODINGS = ("raw", "jpeg", "png")
+IMAGE_ENCODINGS = ("jpeg", "png")
 # Only plain numeric dtypes may cross the wire (never object arrays).
 RAW_DTYPES = frozenset({"|u1", "|i1", "<u2", "<i2", "<u4", "<i4", "<u8", "<i8", "<f2", "<f4", "<f8"})
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-# Default endpoints (loopback): a pipeline publishes on DEFAULT_ENDPOINT; a broker takes publishers
-# on BROKER_XSUB and serves subscribers on BROKER_XPUB (distinct ports: both can run on one host).
+# Loopback defaults: a pipeline publishes on DEFAULT_ENDPOINT; a broker takes publishers on BROKER_XSUB
+# and serves subscribers on BROKER_XPUB (all distinct: they can share a host).
 DEFAULT_ENDPOINT = "tcp://127.0.0.1:5555"
 BROKER_XSUB = "tcp://127.0.0.1:5556"
 BROKER_XPUB = "tcp://127.0.0.1:5557"
-_SOURCE_RE = re.compile(r"[A-Za-z0-9_\-:]{1,64}")  # used with fullmatch: no trailing newline slips through
+_SOURCE_RE = re.compile(r"[A-Za-z0-9_\-:]{1,64}")  # (fullmatch: no trailing newline slips through)
 _INT64_MAX = 2**63 - 1
 _UINT64_MAX = 2**64 - 1
 
@@ -81,8 +80,7 @@ class Limits:
     max_header_bytes: int = 64 * 1024
     max_parts: int = 16
     max_dims: int = 4
-    max_array_bytes: int = 256 * 1024 * 1024  # one decoded part, and a message's images together (a PNG
-    # decodes to more than it weighs: 16 small hostile parts must not decode to 16 times the limit)
+    max_array_bytes: int = 256 * 1024 * 1024  # one decoded part; also a message's images together
     max_pixels: int = 64 * 1024 * 1024  # one image part: width * height
     max_header_depth: int = 4  # header -> parts -> part -> shape
 
@@ -461,8 +459,8 @@ def _decode_image(name: str, enc: str, dtype: str, shape: list[int], data: bytes
         image = images.decode_jpeg_rgb(data) if enc == "jpeg" else images.decode_png_gray(data)
     except images.CodecMissing:
         raise
-    except Exception as e:  # the decoder's own refusal (Pillow's bomb check of a second SOF, MemoryError, ...)
-        raise WireError(f"part {name!r}: {enc} data does not decode ({type(e).__name__})", "image") from None
+    except Exception as e:  # the decoder's own refusal (Pillow's bomb check, MemoryError, ...)
+        raise WireError(f"part {name!r}: {enc} does not decode ({type(e).__name__})", "image") from None
     if image is None or list(image.shape) != wanted_shape or image.dtype != np.uint8:
         got = None if image is None else (image.shape, image.dtype)
         raise WireError(f"part {name!r}: {enc} data does not decode to {shape} (got {got})", "image")
@@ -517,12 +515,10 @@ def decode(
     descs = header.get("parts", [])
     if not isinstance(descs, list) or len(descs) != len(frames) - 2:
         raise WireError(f"header describes {descs!r:.80} parts but {len(frames) - 2} were sent", "parts")
-    images_bytes = sum(math.prod(d["shape"]) for d in descs if isinstance(d, dict) and d.get("encoding") in
-                       ("jpeg", "png") and isinstance(d.get("shape"), list) and len(d["shape"]) <= limits.max_dims
-                       and all(_is_int(n, 0, 1 << 32) for n in d["shape"]))
-    if images_bytes > limits.max_array_bytes:  # before any image decodes (each is checked alone below too)
-        raise MessageTooLarge(f"the images of this message declare {images_bytes} bytes, over the "
-                              f"{limits.max_array_bytes}-byte limit")
+    pixels = sum(math.prod(_check_shape(d.get("name"), d.get("shape"), limits)) for d in descs
+                 if isinstance(d, dict) and d.get("encoding") in IMAGE_ENCODINGS)
+    if pixels > limits.max_array_bytes:  # before any decodes: a PNG decodes to far more than it weighs
+        raise MessageTooLarge(f"the images of this message declare {pixels} bytes, over {limits.max_array_bytes}")
     arrays: dict[str, np.ndarray] = {}
     for desc, data in zip(descs, frames[2:]):
         name, array = _decode_part(desc, bytes(data), limits)
