@@ -73,8 +73,8 @@ def test_warm_up_runs_each_stage_on_the_stream_that_replays_it(pose_dir: Path, t
 
 
 # -- detect_every under pipelining ---------------------------------------------------------
-class OrderedPeople:
-    """Three people, returned in a score order that changes every call (as a detector re-sorts)."""
+class _ByCall:
+    """A detector whose answer depends on how often it was called (``calls``, counted per image)."""
 
     random_weights = False
 
@@ -84,12 +84,18 @@ class OrderedPeople:
     def detect_batch(self, images: list[np.ndarray]) -> list[Detections]:
         out = []
         for _ in images:
-            boxes = np.array([[5, 5, 40, 60], [50, 10, 90, 70], [20, 30, 70, 95]], np.float32)
-            ids = np.array([11, 22, 33])
-            order = np.roll(np.arange(3), self.calls)  # a different order each run
+            out.append(self.detections(self.calls))
             self.calls += 1
-            out.append(Detections(boxes[order], np.array([0.9, 0.8, 0.7], np.float32), ids[order]))
         return out
+
+
+class OrderedPeople(_ByCall):
+    """Three people, returned in a score order that changes every call (as a detector re-sorts)."""
+
+    def detections(self, call: int) -> Detections:
+        boxes = np.array([[5, 5, 40, 60], [50, 10, 90, 70], [20, 30, 70, 95]], np.float32)
+        order = np.roll(np.arange(3), call)  # a different order each run
+        return Detections(boxes[order], np.array([0.9, 0.8, 0.7], np.float32), np.array([11, 22, 33])[order])
 
 
 class Frames:
@@ -154,22 +160,13 @@ def test_detect_every_keeps_boxes_scores_and_ids_with_their_person(pose_dir: Pat
     np.testing.assert_array_equal(results[3].detections.track_ids, [33, 11, 22])  # a fresh detection re-sorts
 
 
-class LeavesAfterFrame0:
+class LeavesAfterFrame0(_ByCall):
     """One person in the first frame the detector sees, nobody afterwards."""
 
-    random_weights = False
-
-    def __init__(self) -> None:
-        self.calls = 0
-
-    def detect_batch(self, images: list[np.ndarray]) -> list[Detections]:
-        out = []
-        for _ in images:
-            n = 1 if self.calls == 0 else 0
-            self.calls += 1
-            out.append(Detections(np.array([[5, 5, 40, 60]], np.float32)[:n], np.array([0.9], np.float32)[:n],
-                                  np.array([7])[:n]))
-        return out
+    def detections(self, call: int) -> Detections:
+        n = 1 if call == 0 else 0
+        return Detections(np.array([[5, 5, 40, 60]], np.float32)[:n], np.array([0.9], np.float32)[:n],
+                          np.array([7])[:n])
 
 
 @pytest.mark.parametrize("pipelined", [False, True])
