@@ -288,3 +288,49 @@ def test_detect_does_not_synchronise_the_device(monkeypatch) -> None:
     assert calls == ["other"]  # only the other thread synchronised
     profile.time()
     assert calls == ["other", threading.current_thread().name]  # and ours again afterwards
+
+
+class _ModelElsewhere(_FakeYolo):
+    """A YOLO whose layers sit on another device than the one asked for (Ultralytics' own device
+    choice after CUDA is initialised put YOLO on GPU 0 whatever --device said)."""
+
+    def __init__(self, device: str) -> None:
+        super().__init__()
+        self.model = torch.nn.Linear(2, 2, device=device)
+
+
+def test_the_run_device_reaches_the_detector_and_a_model_elsewhere_is_one_error(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipeline.config import RunConfig
+    from pipeline.stages_setup import build_detector
+
+    cfg = RunConfig(source="demo", detector="yolo", detector_model="yolo11n.yaml", det_imgsz=320)
+    detector = build_detector(cfg, torch.device("cpu"), [])
+    assert isinstance(detector, PersonDetector) and detector.device == torch.device("cpu")
+    image = np.zeros((32, 32, 3), np.uint8)
+    here = _ModelElsewhere("cpu")
+    monkeypatch.setattr(detector, "model", here)
+    detector.detect(image)
+    assert [kwargs["device"] for _, kwargs in here.calls] == [torch.device("cpu")]
+
+    detector._checked_device = False
+    monkeypatch.setattr(detector, "model", _ModelElsewhere("meta"))
+    with pytest.raises(DetectorError, match=r"ran on meta, not on the requested cpu.*--device"):
+        detector.detect(image)
+
+
+def test_a_cuda_device_becomes_the_current_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """pick_device makes cuda:N the current device, so a library that says just "cuda" lands there;
+    an index past the devices is one error. (CUDA's own calls are stood in for on this CPU machine.)"""
+    from pipeline.stages_setup import pick_device
+    from stages.sapiens2.weights import CheckpointError
+
+    chosen = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: chosen[-1] if chosen else 0)
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    assert pick_device("cuda:1") == torch.device("cuda", 1) and chosen == [1]
+    assert pick_device("cuda") == torch.device("cuda", 1)  # the current one, kept current
+    with pytest.raises(CheckpointError, match="only 2 CUDA device"):
+        pick_device("cuda:2")
