@@ -18,8 +18,9 @@ The report is rewritten after every event, so a run cut short keeps what it meas
 says that its measurement needs CUDA), so the script is tested where no GPU is. Results: a
 markdown report on stdout and in OUT/device_bench.md, every number in OUT/device_bench.json. The
 phases live in bench/device_model.py (checkpoints, correctness, forward, reference, fastpath,
-compile) and bench/device_stream.py (syncs, pipeline, transfers); bench/devicekit.py holds the
-report and the run context, bench/devicewatch.py the worker processes and the watchdog.
+compile), bench/device_stream.py (syncs, pipeline, transfers) and bench/device_sources.py (many
+sources in one process); bench/devicekit.py holds the report and the run context,
+bench/devicewatch.py the worker processes and the watchdog.
 
     python bench/device_bench.py --out $OUT            # on the GPU machine (device_run.sh does this)
     python bench/device_bench.py --smoke --out /tmp/x  # anywhere, tiny configs on the CPU
@@ -54,6 +55,7 @@ from bench.device_model import (  # noqa: E402
     phase_forward,
     phase_reference,
 )
+from bench.device_sources import phase_sources  # noqa: E402
 from bench.device_stream import phase_pipeline, phase_syncs, phase_transfers  # noqa: E402
 from bench.devicekit import FAILED, REPO, Ctx, Outcome, Report, record_outcome, run_phase, sync_sites  # noqa: E402
 from bench.devicewatch import Interrupted, Phase, Supervisor  # noqa: E402
@@ -84,10 +86,11 @@ def phase_test_wedge(ctx: Ctx) -> None:
 
 # name, function, H200 estimate (s; skipped when less budget is left), watchdog limit (s), about.
 # Order: what PERFORMANCE.md most needs first; compile (the longest and least predictable) after
-# the two target phases (pipeline, reference) but before fastpath and transfers, which are the
-# first cut when the budget runs short. Estimates sum to 240 s, plus ~5 s to start the first
-# worker: about 55 s of the 300 s budget to spare. Cumulative ends: checkpoints 25, correctness 45,
-# forward 60, syncs 70, pipeline 115, reference 155, compile 215, fastpath 235, transfers 245 s.
+# the two target phases (pipeline, reference) but before sources, fastpath and transfers, which
+# are the first cut when the budget runs short. Estimates sum to 255 s, plus ~5 s to start the
+# first worker: about 40 s of the 300 s budget to spare. Cumulative ends: checkpoints 25,
+# correctness 45, forward 60, syncs 70, pipeline 115, reference 155, compile 215, sources 230,
+# fastpath 250, transfers 260 s.
 PHASES: list[Phase] = [
     Phase("checkpoints", phase_checkpoints, 20, 90, "3 random 0.4B checkpoints (init on the GPU, 1.7 GB write each)",
           needs_ckpts=False),
@@ -97,6 +100,7 @@ PHASES: list[Phase] = [
     Phase("pipeline", phase_pipeline, 45, 90, "6 end-to-end rows of 5 s + warm-up"),
     Phase("reference", phase_reference, 40, 90, "2 transformers models built on the GPU + timed groups"),
     Phase("compile", phase_compile, 60, 120, "Inductor compile of pose 0.4B at batch 4 + CUDA graphs"),
+    Phase("sources", phase_sources, 15, 60, "1/2/4/8 1080p sources batched through one engine, pose 0.4B"),
     Phase("fastpath", phase_fastpath, 20, 45, "9 variants of pose x4"),
     Phase("transfers", phase_transfers, 10, 30, "3D keypoint step, copies, JPEG, libx264 (NVENC probed)",
           needs_ckpts=False),

@@ -54,7 +54,7 @@ def test_device_bench_smoke_runs_every_phase(tmp_path: Path) -> None:
     assert results["errors"] == {} and results["skipped"] == []
     for heading in ("Versions", "Plan: time budget 300 s", "Checkpoints", "Correctness on the device", "Model forward",
                     "Host synchronisations", "Our path vs the reference", "End to end", "Fast-path switches",
-                    "Transfers and encoders", "torch.compile", "## Phases"):
+                    "Transfers and encoders", "torch.compile", "Many sources, one process", "## Phases"):
         assert heading in report, heading
     # Versions of every package the phases use, in both files.
     for package in VERSIONED:
@@ -82,6 +82,9 @@ def test_device_bench_smoke_runs_every_phase(tmp_path: Path) -> None:
     assert {(r["overlap"], r["pinned"]) for r in results["pipeline"]} == {(True, True), (False, True), (True, False)}
     assert all(r["detector_calls"] > 0 for r in results["pipeline"])  # the engine's detect_batch reached YOLO
     assert results["pipeline_detector"]["deprecation_warnings"] == 0
+    many = results["sources"]  # N sources through one engine: every source had results, the step held them all
+    assert [r["sources"] for r in many] == [1, 2] and all(r["fps_min_source"] > 0 for r in many)
+    assert many[1]["frames_per_step"] > 1 and many[1]["vs_n_x_one"] > 0 and many[0]["pose_tflops"] > 0
     fast = {r["variant"]: r for r in results["fastpath"]}
     assert len(fast) == 9 and fast["3 persons, no buckets (batch 3)"]["batch"] == 3
     # every switch computes what the default computes (fp32 on the CPU: to rounding)
