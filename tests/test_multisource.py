@@ -86,6 +86,15 @@ def test_a_bad_source_is_reported_and_the_others_finish(tiny: Path, cli_env: dic
         assert last_line["event"] == "failed" and last_line["reason"]
 
 
+def test_when_no_source_opens_the_run_is_one_line_before_any_model(cli_env: dict[str, str], tmp_path: Path) -> None:
+    for name in ("a", "b"):
+        (tmp_path / f"{name}.mp4").write_bytes(b"\x00" * 5000)  # there (preflight passes), but no video
+    ran = run_cli(["--source", f"a={tmp_path / 'a.mp4'}", "--source", f"b={tmp_path / 'b.mp4'}", *POSE,
+                   "--save-keypoints", tmp_path / "{source}.jsonl"], cli_env, tmp_path)
+    assert_one_clear_error(ran, "none of the 2 sources opened", "a.mp4")
+    assert "loaded " not in ran.stderr and not list(tmp_path.glob("*.jsonl"))
+
+
 @pytest.mark.parametrize(
     "args, needles",
     [
