@@ -355,6 +355,9 @@ def assemble(cfg: RunConfig, sources: Source | list[Source], stages: Stages, sin
         log.warning("RANDOM WEIGHTS in use: outputs are meaningless (tests and offline demo only)")
         for source in sources:
             source.mark_random_weights()
+    for sink in sinks:  # status messages say how persons are found (a viewer explains "1 person" of a crowd)
+        if isinstance(sink, ZmqPublisher):
+            sink.detector = getattr(stages.detector, "kind", None)
     # the publisher that sends annotated frames (a raw-frames one, the --view feed included, draws nothing)
     publisher = next((s for s in sinks if isinstance(s, ZmqPublisher) and not s.raw_frames), None)
     always_image = any(getattr(s, "uses_image", False) for s in sinks)  # recordings, previews

@@ -59,9 +59,11 @@ class DetectorError(RuntimeError):
 
 
 class Detector(Protocol):
-    """What the pipeline needs from a person detector."""
+    """What the pipeline needs from a person detector (``kind``: how it finds persons, said in the
+    published status: ``yolo`` or ``full-frame``)."""
 
     random_weights: bool
+    kind: str
 
     def detect(self, image_rgb: np.ndarray) -> Detections: ...
 
@@ -116,6 +118,7 @@ class FullFrameDetector:
     """The whole frame is one person (box [0, 0, W, H], score 1, id 0), for close-up cameras."""
 
     random_weights = False
+    kind = "full-frame"
 
     def detect(self, image_rgb: np.ndarray) -> Detections:
         _check_image(image_rgb)
@@ -323,6 +326,8 @@ class PersonDetector:
     used on CUDA only; device: where the model runs (a torch device or its name); trust: allow
     unpickling a ``.pt`` that is not an official release name.
     """
+
+    kind = "yolo"
 
     def __init__(
         self,

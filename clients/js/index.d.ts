@@ -215,6 +215,8 @@ export interface StatusMessage extends MessageBase {
   last_frame_index: number;
   drops: Record<string, number>;
   sent: Record<string, number>;
+  /** how persons are found: "yolo", or "full-frame" (no detector: the whole frame is one person); null when not said */
+  detector: string | null;
   event?: StatusEvent;
 }
 

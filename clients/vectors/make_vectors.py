@@ -174,7 +174,7 @@ def cases() -> list[dict[str, Any]]:
     status = {"fps": 29.75, "health": "stalled", "frames": 1200, "last_frame_index": 1199,
               "drops": {"source": 3, "publish_frame": 1}, "sent": {"keypoints": 1200}, "uptime_s": 40.5,
               "width": 64, "height": 48, "nominal_fps": 30.0, "live": True, "random_weights": False,
-              "event": {"event": "stalled", "time_ns": CAPTURE_NS, "session": 0, "last_frame": 1199}}
+              "detector": "full-frame", "event": {"event": "stalled", "time_ns": CAPTURE_NS, "session": 0, "last_frame": 1199}}
     good("status_with_event", wire.encode("status", "cam0", status, **enc))
     good("unknown_keys_are_ignored", _mutate(kp, future_field={"anything": [1, 2]}, another=3))
 
@@ -249,6 +249,7 @@ def cases() -> list[dict[str, Any]]:
         wire.Part("track_ids", np.zeros(2, np.int64))], **enc), "shape")
     bad("keypoints_part_missing", wire.encode("keypoints", "cam0", _meta(), _keypoint_parts(1)[:4], **enc), "parts")
     bad("status_fps_not_a_number", wire.encode("status", "cam0", {**status, "fps": "fast"}, **enc), "field")
+    bad("status_detector_not_a_string", wire.encode("status", "cam0", {**status, "detector": 1}, **enc), "field")
     return out
 
 

@@ -126,6 +126,7 @@ class ZmqPublisher:
         self.curve = curve
         self.jpeg = JpegEncoder(jpeg_quality, "auto" if gpu_jpeg else None)
         self.raw_frames = raw_frames  # publish the frame as decoded, without the pipeline's overlays
+        self.detector: str | None = None  # how persons are found (status messages say it), once the stages are built
         self.stats = PublisherStats()
         self.endpoint = endpoint
         self._sources: dict[str, _Source] = {}
@@ -384,6 +385,8 @@ class ZmqPublisher:
             "live": info.live,
             "random_weights": info.random_weights,
         }
+        if self.detector is not None:
+            fields["detector"] = self.detector
         if event is not None:
             fields["event"] = {k: v for k, v in event.items() if k != "source_id"}
         self._send("status", self._encode("status", {"source_id": info.source_id, **fields}, []))

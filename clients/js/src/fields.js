@@ -75,6 +75,8 @@ export function checkStatusFields(header) {
   optional(header, "nominal_fps", (v) => v === null || isNumber(v), "a finite number or nil");
   for (const key of ["width", "height"]) optional(header, key, dimension, "a non-negative integer");
   for (const key of ["live", "random_weights"]) optional(header, key, isBool, "a boolean");
+  optional(header, "detector", (v) => typeof v === "string" && [...v].length > 0 && [...v].length <= 64,
+    "a short string");
   if (has(header, "event")) checkEvent(header.event);
 }
 

@@ -133,7 +133,7 @@ export function toMessage(d) {
     }
     return { ...base, fps: Number(h.fps), health: h.health, frames: Number(h.frames),
       last_frame_index: Number(h.last_frame_index), drops: numbers(h.drops), sent: numbers(h.sent),
-      ...(event ? { event } : {}) };
+      detector: h.detector ?? null, ...(event ? { event } : {}) };
   }
   const meta = metaFromHeader(h);
   const a = d.arrays;

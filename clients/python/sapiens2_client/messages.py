@@ -97,6 +97,7 @@ class StatusMessage:
     frames: int
     last_frame_index: int
     drops: dict[str, int]
+    detector: str | None = None  # how persons are found: "yolo", "full-frame" (the whole frame is one person)
 
 
 Message = Union[KeypointsMessage, FrameMessage, SegMessage, MatteMessage, StatusMessage]
@@ -158,7 +159,7 @@ def to_message(d: Decoded) -> Message:
     h, a = d.header, d.arrays
     if d.kind == "status":
         return StatusMessage(d.topic, h, d.source_id, h.get("publish_ns", 0), float(h["fps"]), h["health"],
-                             h["frames"], h["last_frame_index"], dict(h.get("drops", {})))
+                             h["frames"], h["last_frame_index"], dict(h.get("drops", {})), h.get("detector"))
     meta = meta_from_header(h)
     if d.kind == "keypoints":
         k = _keypoint_arrays(a)

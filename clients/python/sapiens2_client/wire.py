@@ -364,6 +364,7 @@ def check_status_fields(header: dict[str, Any]) -> None:
         _optional(header, key, lambda v: _is_int(v, 0, 2**31), "a non-negative integer")
     for key in ("live", "random_weights"):
         _optional(header, key, lambda v: isinstance(v, bool), "a boolean")
+    _optional(header, "detector", lambda v: isinstance(v, str) and 0 < len(v) <= 64, "a short string")
     if "event" in header:
         check_event(header["event"])
 

@@ -208,6 +208,12 @@ function checkStatusFields(header) {
   optional(header, "nominal_fps", (v) => v === null || isNumber(v), "a finite number or nil");
   for (const key of ["width", "height"]) optional(header, key, dimension, "a non-negative integer");
   for (const key of ["live", "random_weights"]) optional(header, key, isBool, "a boolean");
+  optional(
+    header,
+    "detector",
+    (v) => typeof v === "string" && [...v].length > 0 && [...v].length <= 64,
+    "a short string"
+  );
   if (has(header, "event")) checkEvent(header.event);
 }
 var nonNegative = (v) => isNumber(v) && toNumber(v) >= 0;
@@ -1535,6 +1541,7 @@ function toMessage(d) {
       last_frame_index: Number(h.last_frame_index),
       drops: numbers(h.drops),
       sent: numbers(h.sent),
+      detector: h.detector ?? null,
       ...event ? { event } : {}
     };
   }
