@@ -244,6 +244,11 @@ def run_pipeline(cfg: RunConfig, stop: threading.Event | None = None) -> int:
 
             services.append(ControlServer(cfg.control, runner, lambda spec: open_spec(cfg, spec)))
             runner.keep_alive = True
+            runner.idle_note = f"every source has ended; the control endpoint {cfg.control} waits for more " \
+                               "(Ctrl-C to stop)"
+        if cfg.view is not None:  # the page shows the last picture and the end instead of losing its server
+            runner.keep_alive = True
+            runner.idle_note = f"every source has ended; the web view stays up on {cfg.view} (Ctrl-C to stop)"
     except BaseException:
         for source in sources:
             source.stop()

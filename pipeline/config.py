@@ -175,7 +175,7 @@ class RunConfig:
                                            "pipeline uses towards the broker")
     show: bool = option(False, "preview window")
     view: str | None = option(None, "serve a live web view on HOST:PORT (e.g. 127.0.0.1:8080), no other process "
-                                    "needed")
+                                    "needed; it stays up after the sources end, until Ctrl-C")
     view_token: str | None = option(None, "require this token (?token=...) for the web view and its stream")
     metrics: str | None = option(None, "serve Prometheus /metrics, /healthz and /readyz on HOST:PORT "
                                        "(e.g. 127.0.0.1:9108)")

@@ -189,6 +189,7 @@ class Runner:
         self._changes: queue.Queue = queue.Queue()  # (kind, payload, reply event, reply box) from other threads
         self._single = len(sources) == 1  # a single-source run: that source failing is the run's error
         self.keep_alive = False  # True: run on with no source left (sources come through add_source)
+        self.idle_note: str | None = None  # logged once when every source has ended and the run stays up
         self._gone: dict[str, Source] = {}  # sources that ended, failed or were removed
         self._unfinished: dict[str, int] = {}  # frames submitted to the engine, not yet handed to the sinks
         self._closing: list[str] = []  # retired sources whose outputs are finished once their frames are out
@@ -239,7 +240,10 @@ class Runner:
             if not self.sources and in_flight is None and self._changes.empty():
                 if not self.keep_alive:
                     break  # every source ended (or was removed)
-                self.stop.wait(0.05)  # a control endpoint may add sources: wait for them
+                if self.idle_note:
+                    log.info("%s", self.idle_note)
+                    self.idle_note = None
+                self.stop.wait(0.05)  # a control endpoint may add sources, a viewer shows the end: wait
                 continue
             try:
                 frames = self._collect(first_wait=0.0 if in_flight is not None else 0.25)
