@@ -4,7 +4,8 @@ the Prometheus metrics and health endpoints scraped for real.
 The pipelines run offline on tiny random weights, one publishing annotated frames, one raw frames
 (--publish-raw-frames); the browser must draw frames, show the figures the pipeline publishes, lock
 the layers of an annotated picture and toggle them over a raw one (checked on the picture itself,
-against the published frame). A screenshot is kept (out/artifacts/viewer.png) for a person to look at.
+against the published frame). Screenshots are kept (out/artifacts/viewer.png, and viewer-demo.png of
+the README's command, the source of docs/viewer.png) for a person to look at.
 """
 
 from __future__ import annotations
@@ -356,7 +357,7 @@ def test_a_browser_gets_the_pictures_of_its_source_only(streams: Streams) -> Non
                 msg = await ws.receive(timeout=10)
                 assert msg.type == aiohttp.WSMsgType.BINARY, msg
                 if time.monotonic() - start > 1:  # what was on its way before the page said which source
-                    topics.append(_first_frame(msg.data).decode())
+                    topics.append(_unpack(msg.data)[0].decode())
         return topics, compress
 
     topics, compress = asyncio.run(listen())
@@ -365,10 +366,48 @@ def test_a_browser_gets_the_pictures_of_its_source_only(streams: Streams) -> Non
     assert {"keypoints.hall", "keypoints.lobby"} <= set(topics), sorted(set(topics))
 
 
-def _first_frame(data: bytes) -> bytes:
-    """The topic of a packed message (uint32 LE count, then length + bytes per frame)."""
-    size = int.from_bytes(data[4:8], "little")
-    return data[8:8 + size]
+def _unpack(data: bytes) -> list[bytes]:
+    """The frames of a packed message (uint32 LE count, then length + bytes per frame)."""
+    count, at, frames = int.from_bytes(data[:4], "little"), 4, []
+    for _ in range(count):
+        size = int.from_bytes(data[at:at + 4], "little")
+        frames.append(data[at + 4:at + 4 + size])
+        at += 4 + size
+    return frames
+
+
+class _Forwarded:
+    """A WebSocket client of a viewer, as a page is: the status messages it forwards, decoded."""
+
+    def __init__(self, listen: str) -> None:
+        self.url, self.statuses = f"http://{listen}/ws", []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._read()), daemon=True)
+
+    async def _read(self) -> None:
+        import aiohttp
+
+        from sapiens2_client.messages import decode_message
+
+        async with aiohttp.ClientSession() as session, session.ws_connect(self.url) as ws:
+            while not self._stop.is_set():
+                try:
+                    msg = await ws.receive(timeout=0.5)
+                except asyncio.TimeoutError:
+                    continue
+                if msg.type != aiohttp.WSMsgType.BINARY:
+                    return
+                frames = _unpack(msg.data)
+                if frames[0].startswith(b"status."):
+                    self.statuses.append(decode_message(frames))
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
 
 
 def test_the_viewer_stops_cleanly_with_a_stalled_browser(streams: Streams) -> None:
@@ -460,6 +499,71 @@ def test_pipeline_serves_its_own_view_with_a_token(tiny: Path, cli_env: dict[str
             driver.find_element("id", "spaceunits").text
         driver.find_element("css selector", '#spaceview option[value="top"]').click()
         _wait_page(driver, lambda: int(_body(driver, "data-points3d") or 0) > 0, "kept drawing in the top view")
+    finally:
+        if driver is not None:
+            driver.quit()
+        _stop(pipeline)
+
+
+@needs_browser
+def test_the_documented_command_shows_the_demo_with_layers_figures_and_its_end(tiny: Path, cli_env: dict[str, str],
+                                                                              tmp_path: Path) -> None:
+    """The README's command as a user types it (free ports for 5599 and 8080): the demo on the tiny
+    random-weight fallback (pose and seg, no person detector), served by the pipeline itself. The
+    page draws the frames, the segmentation layer toggles on the picture, the figures are what the
+    pipeline publishes, the page says the whole frame is the one person, and when the clip ends the
+    view stays up showing the source closed until Ctrl-C. A screenshot with the layers on is kept
+    (out/artifacts/viewer-demo.png) for a person to look at."""
+    listen, publish = f"127.0.0.1:{_port()}", f"tcp://127.0.0.1:{_port()}"
+    pipeline = _start(["--source", "demo", "--fallback-tiny", "--publish", publish, "--view", listen],
+                      env=cli_env, cwd=tmp_path)
+    driver = None
+    try:
+        _wait_http(f"http://{listen}/", [pipeline])
+        driver = _browser()
+        with _Forwarded(listen) as forwarded:  # the status messages the page gets, as the Python client reads them
+            driver.get(f"http://{listen}/")
+            _wait_page(driver, lambda: int(_body(driver, "data-frames-drawn") or 0) >= 3, "drew 3 frames")
+            assert _body(driver, "data-annotated") == "false" and _body(driver, "data-source") == "demo"
+            seg = driver.find_element("css selector", 'input[data-layer="seg"]')
+            assert not seg.is_selected() and _body(driver, "data-drawn-seg") == "0"
+            seg.click()
+            _wait_page(driver, lambda: _body(driver, "data-drawn-seg") == "1", "drew the segmentation layer")
+            seg.click()  # and off again (random weights: the segmentation is noise over the picture)
+            _wait_page(driver, lambda: _body(driver, "data-drawn-seg") == "0", "hid the segmentation layer")
+            face = driver.find_element("css selector", 'input[data-layer="face"]')
+            face.click()
+            _wait_page(driver, lambda: int(_body(driver, "data-drawn-face") or 0) > 0, "drew the face points")
+            _wait_page(driver, lambda: _body(driver, "data-health") == "ok" and float(_body(driver, "data-fps")) > 0,
+                       "showed a status")
+            shown_fps = float(_body(driver, "data-fps"))
+            deadline = time.monotonic() + 30  # the page's status reached the test's connection too
+            while not any(abs(shown_fps - s.fps) < 0.01 for s in forwarded.statuses):
+                assert time.monotonic() < deadline, \
+                    f"the page shows {shown_fps} fps, the pipeline said {[s.fps for s in forwarded.statuses]}"
+                time.sleep(0.1)
+            assert forwarded.statuses[-1].detector == "full-frame"  # the offline fallback: no detector weights
+        figures = {name: driver.find_element("id", name).text for name in ("drops", "reopens", "decode", "persons")}
+        assert figures == {"drops": "0", "reopens": "0", "decode": "0", "persons": "1 (whole frame)"}, figures
+        assert driver.find_element("id", "detectornote").is_displayed()
+        assert "median" in driver.find_element("id", "plotrange").text  # the latency plot has points
+        assert "RANDOM WEIGHTS" in driver.find_element("id", "banner").text
+        _caption_agrees_with_the_figures(driver)
+        index = int(_body(driver, "data-last-frame-index"))  # more frames: the latency plot has a history
+        _wait_page(driver, lambda: int(_body(driver, "data-last-frame-index")) >= index + 40
+                   or _body(driver, "data-health") == "closed", "showed 40 frames more")
+        shot = REPO / "out" / "artifacts" / "viewer-demo.png"
+        shot.parent.mkdir(parents=True, exist_ok=True)
+        driver.save_screenshot(str(shot))
+        # The clip ends; the page keeps its last picture and says the source closed.
+        drawn = int(_body(driver, "data-frames-drawn"))
+        _wait_page(driver, lambda: _body(driver, "data-health") == "closed", "showed the end of the clip", 300)
+        assert pipeline.poll() is None, "the view went away with the clip"
+        assert int(_body(driver, "data-frames-drawn")) >= drawn and driver.find_element("id", "health").text == "closed"
+        pipeline.send_signal(signal.SIGINT)
+        _, err = pipeline.communicate(timeout=120)
+        assert pipeline.returncode == 0, err
+        assert "the web view stays up" in err and "Traceback" not in err
     finally:
         if driver is not None:
             driver.quit()
@@ -589,3 +693,48 @@ def test_a_viewer_that_cannot_listen_says_one_line(cli_env: dict[str, str], tmp_
         ran = run_cli(["view", "--endpoint", "tcp://127.0.0.1:9", "--listen", address], cli_env, tmp_path)
     assert_one_clear_error(ran, "viewer", address)
     assert len([line for line in ran.stderr.splitlines() if line.strip()]) == 1, ran.stderr  # no asyncio noise
+
+
+def _viewer_heard(listen: str, proc: subprocess.Popen, deadline_s: float) -> int:
+    """Upstream messages the viewer accepted, once it has some or when ``deadline_s`` passed."""
+    deadline = time.monotonic() + deadline_s
+    while True:
+        received = json.loads(_get(f"http://{listen}/stats.json")[1])["received"]
+        if received or time.monotonic() > deadline:
+            return received
+        assert proc.poll() is None, proc.communicate()[1]
+        time.sleep(0.2)
+
+
+def test_view_reads_a_curve_publisher_with_its_keys_only(tmp_path: Path) -> None:
+    """``view --keys`` is a CURVE client of an encrypted publisher: with the keys it receives the
+    stream; without them it receives nothing (the publisher refuses its handshake)."""
+    from pipeline.sinks.publisher import ZmqPublisher
+    from sapiens2_client.keys import CurveServerKeys
+    from stages.types import StreamInfo
+
+    keys = tmp_path / "keys"
+    assert subprocess.run([*CLI, "keys", keys], capture_output=True, timeout=60).returncode == 0
+    publisher = ZmqPublisher("tcp://127.0.0.1:*", curve=CurveServerKeys.from_dir(keys), status_interval_s=0.1)
+    publisher.open(StreamInfo("cam0", 64, 48, 30.0, None, live=True))  # status messages from now on
+    with_keys, without = f"127.0.0.1:{_port()}", f"127.0.0.1:{_port()}"
+    viewers = [_start(["view", "--endpoint", publisher.endpoint, "--keys", keys, "--listen", with_keys]),
+               _start(["view", "--endpoint", publisher.endpoint, "--listen", without])]
+    try:
+        _wait_http(f"http://{with_keys}/", viewers)
+        _wait_http(f"http://{without}/", viewers)
+        assert _viewer_heard(with_keys, viewers[0], 60) > 0, "the viewer with the keys heard nothing"
+        assert _viewer_heard(without, viewers[1], 3) == 0, "a viewer without the keys read an encrypted stream"
+    finally:
+        _stop(*viewers)
+        publisher.close()
+
+
+def test_a_viewer_off_loopback_without_a_token_is_warned_about(caplog: pytest.LogCaptureFixture) -> None:
+    from pipeline.viewer.server import ViewServer
+
+    with caplog.at_level("WARNING", "pipeline.viewer.server"):
+        ViewServer(["tcp://127.0.0.1:9"], listen="0.0.0.0:0", token="t")
+        assert "no --view-token" not in caplog.text  # a token: nothing to warn about
+        ViewServer(["tcp://127.0.0.1:9"], listen="0.0.0.0:0")
+    assert "has no --view-token: anyone who reaches it sees the streams" in caplog.text

@@ -176,15 +176,17 @@ function draw() {
   const index = src.frameMeta.frame_index;
   const kp = src.keypoints.get(index) || null; // the keypoints of this very frame, or none
   const notes = [];
-  const drawn = { links: 0, face: 0, boxes: 0 };
+  const drawn = { links: 0, face: 0, boxes: 0, seg: 0, matte: 0 };
   if (src.annotated) {
     notes.push("overlays drawn by the pipeline");
   } else {
     for (const layer of ["matte", "seg"]) {
       if (!state.layers[layer]) continue;
       const o = src.overlay[layer];
-      if (o && o.index === index) ctx.drawImage(o.canvas, 0, 0, canvas.width, canvas.height);
-      else notes.push(`no ${layer === "seg" ? "segmentation" : "matte"} for this frame`);
+      if (o && o.index === index) {
+        ctx.drawImage(o.canvas, 0, 0, canvas.width, canvas.height);
+        drawn[layer] = 1;
+      } else notes.push(`no ${layer === "seg" ? "segmentation" : "matte"} for this frame`);
     }
     if (kp) persons(ctx, kp, canvas.width, drawn);
   }
@@ -193,6 +195,8 @@ function draw() {
   body.dataset.drawnLinks = String(drawn.links);
   body.dataset.drawnFace = String(drawn.face);
   body.dataset.drawnBoxes = String(drawn.boxes);
+  body.dataset.drawnSeg = String(drawn.seg);
+  body.dataset.drawnMatte = String(drawn.matte);
   body.dataset.keypointsFrameIndex = kp ? String(kp.meta.frame_index) : "-1";
   space(kp);
   $("empty").hidden = true;
@@ -217,9 +221,16 @@ function persons(ctx, kp, width, drawn) {
     }
     if (state.layers.ids && kp.track_ids[p] >= 0n) {
       const [x1, y1] = kp.boxes.subarray(4 * p, 4 * p + 2);
-      ctx.fillStyle = "#4aa3ff";
-      ctx.font = `${12 * line}px system-ui`;
-      ctx.fillText(`id ${kp.track_ids[p]}`, x1 + 3, Math.max(12 * line, y1 - 4));
+      const size = Math.max(12, 8 * line);
+      ctx.font = `bold ${size}px system-ui`;
+      const label = `id ${kp.track_ids[p]}`;
+      const x = Math.max(0, x1), y = y1 - size - 4 >= 0 ? y1 - size - 4 : Math.max(0, y1) + 2; // inside when no room above
+      ctx.fillStyle = "rgba(0, 0, 0, 0.6)";
+      ctx.fillRect(x, y, ctx.measureText(label).width + 8, size + 4);
+      ctx.fillStyle = "#8cc4ff";
+      ctx.textBaseline = "top";
+      ctx.fillText(label, x + 4, y + 3);
+      ctx.textBaseline = "alphabetic";
     }
     if (!meta || !k) continue;
     const seen = (i) => scores[p * k + i] > threshold;
@@ -326,7 +337,10 @@ function figures(src, kp, shown) {
   if (!meta) return;
   $("framelabel").textContent = shown ? "Frame shown" : "Frame (keypoints, no picture yet)";
   $("frame").textContent = String(meta.frame_index);
-  $("persons").textContent = kp ? String(kp.num_persons) : "–";
+  const wholeFrame = status && status.detector === "full-frame";
+  $("persons").textContent = kp ? String(kp.num_persons) + (wholeFrame ? " (whole frame)" : "") : "–";
+  $("persons").title = wholeFrame ? "no person detector runs: the whole frame is taken as one person" : "";
+  $("detectornote").hidden = !wholeFrame;
   const ms = kp ? age(kp) : src.frameAge;
   $("age").textContent = ms === null || ms === undefined ? "–" : `${ms.toFixed(0)} ms`;
   const drops = (status ? status.drops : meta.drops) || {};
