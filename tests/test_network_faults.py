@@ -524,6 +524,22 @@ def test_broker_warns_when_bound_beyond_loopback_without_curve(tmp_path: Path, c
         assert len(warned) == 1 and xsub in warned[0], err
 
 
+@pytest.mark.parametrize("curve", [False, True])
+def test_a_publisher_bound_beyond_loopback_without_curve_warns(tmp_path: Path, curve: bool, caplog) -> None:
+    keys = tmp_path / "keys"
+    if curve:
+        assert subprocess.run([*CLI, "keys", keys], capture_output=True, timeout=60).returncode == 0
+    pub = ZmqPublisher("tcp://0.0.0.0:*", curve=CurveServerKeys.from_dir(keys) if curve else None)
+    with caplog.at_level("WARNING", "pipeline.sinks.publisher"):
+        pub.bind()
+    pub.close()
+    warned = [r.getMessage() for r in caplog.records if "without CURVE" in r.getMessage()]
+    if curve:
+        assert not warned, caplog.text
+    else:
+        assert len(warned) == 1 and pub.endpoint in warned[0], caplog.text
+
+
 def test_broker_logs_a_refused_curve_client_as_a_warning(tmp_path: Path) -> None:
     keys = tmp_path / "keys"
     ran = subprocess.run([*CLI, "keys", keys, "--client", "mallory"], capture_output=True, text=True, timeout=60)
