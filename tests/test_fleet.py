@@ -110,9 +110,10 @@ def test_a_controller_started_while_redis_is_away_waits_for_it(tmp_path: Path) -
         assert made and made[0].starts == 1 and made[0].cameras == {}
     finally:
         logging.getLogger("pipeline.cluster.fleet").removeHandler(handler)
-        if made:
+        if made:  # its loop ends before the next test: it imports Ray on its first step, in its own thread
             made[0]._stop.set()
             made[0].mirror.close()
+            made[0]._thread.join(120)
         if proc is not None:
             stop_redis(proc)
 

@@ -1,7 +1,7 @@
 """The fleet file (``sapiens2-stream fleet up FLEET.yaml``): cameras, the broker, per-GPU capacity.
 
     name: lobby-fleet            # names the controller, the GPU actors and the Redis keys (default sapiens2)
-    broker: tcp://10.0.0.5:5555  # the broker's XSUB side: every GPU actor's publisher connects here
+    broker: tcp://10.0.0.5:5556  # the broker's XSUB side: every GPU actor's publisher connects here
     redis: redis://10.0.0.5:6379/0   # the placement is mirrored here, so a restarted controller rebuilds it
     capacity: 4                  # cameras per GPU actor
     gpus: 2                      # GPU actors (default: every GPU of the Ray cluster)
