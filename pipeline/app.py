@@ -369,7 +369,7 @@ def assemble(cfg: RunConfig, sources: Source | list[Source], stages: Stages, sin
     annotator = compose_annotators(_annotation_layers(cfg)) if always_image or publisher is not None else None
 
     def wants_image(result: FrameResult) -> bool:  # a frame nobody records, shows or subscribes to is not drawn
-        return always_image or (publisher is not None and publisher.subscribed(f"frame.{result.frame.source_id}"))
+        return always_image or (publisher is not None and publisher.wants(f"frame.{result.frame.source_id}"))
 
     smoother = KeypointSmoother(cfg.smooth_min_cutoff, cfg.smooth_beta) if cfg.smooth else None
     engine = FrameEngine(stages, cfg.kpt_threshold, cfg.detect_every, smoother, pinned=cfg.pinned_memory,

@@ -197,6 +197,40 @@ def test_isolated_subscribers_get_everything_while_another_stalls() -> None:
         pub.close()
 
 
+def test_the_pictures_of_a_stopped_subscriber_are_not_encoded_until_it_reads_again() -> None:
+    """The one subscriber of the frames stops reading: once its queue is full the publisher stops
+    encoding frames for it (each skipped one a counted drop; a try now and then, which finds it
+    still full), so a stopped subscriber costs no JPEG encoding; once it reads again, frames reach
+    it again."""
+    pub = open_pub(sndhwm=4)
+    stopped = Subscriber(pub.endpoint, ["frame"], rcvhwm=2)
+    n = 300
+    try:
+        assert pub.wait_for_subscriber("frame.cam0", 5)
+        big = make_result(0, h=480, w=640, noise=True)  # ~0.3 MB of JPEG: the socket buffers fill in a few
+        for i in range(n):
+            big.frame.index = i
+            pub.write(big)
+        encoded = pub.stats.encoded["frame"]
+        assert encoded < n // 2, f"{encoded} of {n} frames encoded for a subscriber that reads nothing"
+        time.sleep(2.5)  # past the longest wait between tries: a try finds it still full
+        for i in range(n, n + 50):
+            big.frame.index = i
+            pub.write(big)
+        assert pub.stats.encoded["frame"] - encoded <= 10, "a still-stopped subscriber's frames were encoded again"
+        assert pub.stats.sent["frame"] + pub.stats.dropped["frame"] == n + 50  # every frame sent or counted
+        recv_until(stopped, lambda m: False, 1, timeout_s=1.0)  # it reads again: its queue empties
+        deadline, got = time.monotonic() + 30, []
+        while not got and time.monotonic() < deadline:
+            big.frame.index += 1
+            pub.write(big)
+            got = recv_until(stopped, lambda m: isinstance(m, FrameMessage) and m.meta.frame_index >= n + 50, 1, 0.1)
+        assert got, "frames never reached the subscriber once it read again"
+    finally:
+        stopped.close()
+        pub.close()
+
+
 def test_late_joiner_and_restarted_subscriber_get_next_frames(pub: ZmqPublisher) -> None:
     for i in range(3):
         pub.write(make_result(i))  # nobody listens yet: nothing encoded
