@@ -186,6 +186,18 @@ def test_the_publish_benchmark_times_no_reading_and_stopped_subscribers(tmp_path
     assert all(r["p50 ms"] > 0 for r in out["rows"]) and out["stopped_dropped"] >= 0
 
 
+@pytest.mark.timeout(400)
+def test_the_faults_benchmark_measures_a_kill_a_bomb_and_the_subscriber_cases(tmp_path: Path) -> None:
+    out = _script(tmp_path, "bench_faults", "--kill-at", "10", "--rounds", "1", "--window", "10,40", timeout=380)
+    rows = {r["case"]: r for r in out["rows"]}
+    for suffix in (".mp4", ".mkv"):
+        kill = rows[f"SIGKILL while recording {suffix}"]
+        assert kill["processed"] >= 10 and kill["kept"] > 0, kill  # what a SIGKILL leaves is playable
+    for bomb in ("png_bomb_declared_large", "png_bomb_declared_small"):
+        assert rows[f"image bomb {bomb}"]["survived"] and rows[f"image bomb {bomb}"]["good_after"] == 3
+    assert all(rows[f"subscriber: {mode}"]["fps"] > 0 for mode in ("none", "reading", "stopped"))
+
+
 @pytest.mark.timeout(120)
 def test_the_watchdog_ends_a_hung_phase_and_the_next_phases_run(tmp_path: Path) -> None:
     """_hang sleeps past its 2 s limit (faulthandler's exit ends it); _wedge disarms that timer
