@@ -13,8 +13,10 @@ pose checkpoints and the full frame as the person box, on the CPU:
 - kill: ``--record`` (.mp4 and .mkv) and ``--save-keypoints``; SIGKILL once the keypoint file has
   ``--kill-at`` frames; then the frames PyAV decodes from the recording against the frames the
   keypoint file holds.
-- bomb: a Subscriber in a child process gets each PNG bomb of the shared wire vectors (875 KB
-  that decode to 30000x30000) then good messages; its peak RSS growth, and whether it survived.
+- bomb: a Subscriber in a child process gets a seg message with a complete PNG of 30000x30000
+  zeros (about 0.9 MB that decode to 0.9 GB), under the headers of the shared wire vectors' two
+  bombs (declared small, declared large), then good messages; its peak RSS growth, and whether it
+  survived.
 - subscriber: ``--publish``; frames per second over the keypoint file's frames 20..150 (``--window``; its line
   count polled), with no subscriber, with ``subscribe --topic ""`` reading every topic, and with
   that subscriber stopped by SIGSTOP once it has read a message; ``--rounds`` interleaved runs of
@@ -28,13 +30,16 @@ import argparse
 import base64
 import json
 import os
+import select
 import signal
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import zlib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -103,11 +108,12 @@ def kill_case(suffix: str, env: dict[str, str], tmp: Path, kill_at: int) -> dict
 
 CHILD = """
 import json, resource, sys, time
-try:
-    from sapiens2_client.subscriber import Subscriber, ReceiveTimeout
-except ImportError:  # a checkout from before the client package
+try:  # a checkout from before the client package (this environment has the client installed too)
     from pipeline.subscriber import Subscriber, ReceiveTimeout
+except ImportError:
+    from sapiens2_client.subscriber import Subscriber, ReceiveTimeout
 sub = Subscriber(sys.argv[1], [""], max_message_bytes=64 * 2**20)
+sub.recv(timeout_s=60)  # connected: the bomb that comes next is not lost to the slow joiner
 print("ready", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, flush=True)
 got, error, until = 0, None, time.monotonic() + 20
 try:
@@ -121,26 +127,42 @@ try:
             pass
 except BaseException as exc:
     error = f"{type(exc).__name__}: {str(exc)[:120]}"
-print(json.dumps({"rss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "got": got, "error": error}),
+print(json.dumps({"rss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "got": got, "error": error,
+                  "stats": str(sub.stats)}),
       flush=True)
 """
 
 
-def bomb_case(name: str, env: dict[str, str]) -> dict:
+def real_bomb(side: int = 30000) -> bytes:
+    """A complete PNG of side x side 8-bit zeros: about 0.9 MB that decode to side^2 bytes (0.9 GB)."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    packer, rows = zlib.compressobj(9), b"\x00" * ((side + 1) * 1000)  # filter byte + pixels, 1000 rows at a time
+    body = b"".join(packer.compress(rows) for _ in range(side // 1000)) + packer.flush()
+    ihdr = struct.pack(">IIBBBBB", side, side, 8, 0, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", body) + chunk(b"IEND", b"")
+
+
+def bomb_case(name: str, env: dict[str, str], png: bytes, tmp: Path) -> dict:
+    """The shared vector's seg message ``name`` (its declared shape) carrying the complete bomb ``png``."""
     import zmq
 
     cases = {c["name"]: c for c in json.loads((REPO / "clients" / "vectors" / "vectors.json").read_text())["cases"]}
-    bomb = [base64.b64decode(f) for f in cases[name]["frames"]]
+    bomb = [base64.b64decode(f) for f in cases[name]["frames"]][:2] + [png]
     good = next([base64.b64decode(f) for f in c["frames"]] for c in cases.values()
                 if "error" not in c and base64.b64decode(c["frames"][0]).startswith(b"status."))
     ctx = zmq.Context()
     sock = ctx.socket(zmq.PUB)
     port = sock.bind_to_random_port("tcp://127.0.0.1")
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, f"tcp://127.0.0.1:{port}"], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, f"tcp://127.0.0.1:{port}"], env=env, cwd=tmp,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # cwd: not this checkout
     try:
+        for _ in range(1200):  # until the child has one message (at most a minute)
+            sock.send_multipart(good)
+            if select.select([proc.stdout], [], [], 0.05)[0] or proc.poll() is not None:
+                break
         baseline = int(proc.stdout.readline().split()[1])
-        time.sleep(0.5)  # the SUB connects (slow joiner); good messages after the bomb make up for a late one
         sock.send_multipart(bomb)
         for _ in range(500):
             if proc.poll() is not None:
@@ -157,7 +179,7 @@ def bomb_case(name: str, env: dict[str, str]) -> dict:
     report = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else {"error": err.strip()[-200:]}
     grew = None if "rss_kb" not in report else (report["rss_kb"] - baseline) / 1024
     return dict(case=f"image bomb {name}", rss_growth_mb=grew, good_after=report.get("got"),
-                survived=report.get("error") is None, error=report.get("error"))
+                survived=report.get("error") is None, error=report.get("error"), stats=report.get("stats"))
 
 
 def rate_case(mode: str, env: dict[str, str], tmp: Path, first: int = 20, last: int = 150) -> dict:
@@ -227,7 +249,8 @@ def main() -> int:
         if "kill" in parts:
             rows += [kill_case(suffix, env, tmp, args.kill_at) for suffix in (".mp4", ".mkv")]
         if "bomb" in parts:
-            rows += [bomb_case(name, env) for name in BOMBS]
+            png = real_bomb()
+            rows += [{**bomb_case(name, env, png, tmp), "png_kb": len(png) // 1024} for name in BOMBS]
         if "subscriber" in parts:  # interleaved rounds, the median of each (this machine's runs vary by ~10%)
             runs: dict[str, list[dict]] = {"none": [], "reading": [], "stopped": []}
             for _ in range(args.rounds):
