@@ -162,6 +162,30 @@ def test_full_disk_keeps_what_came_before_and_fails_with_one_line(tiny: Path, cl
         assert kept <= len(records) + 1  # the recorder is written before the keypoint file
 
 
+def test_a_disk_that_fills_while_the_recording_is_finalised_keeps_the_fragmented_file(tmp_path: Path) -> None:
+    """The close writes a second, standard MP4 beside the fragmented one: a disk with room for one
+    copy only fails there, with RecorderError, and the fragmented recording stays, playable."""
+    from fractions import Fraction
+
+    from pipeline.sinks.recorder import RecorderError, VideoRecorder
+    from stages.types import Frame, FrameResult, StreamInfo
+
+    with tmpfs(tmp_path / "small", "size=600k") as disk:
+        out = disk / "out.mp4"
+        recorder = VideoRecorder(out, fps=30.0)
+        recorder.open(StreamInfo("cam0", 320, 240, 30.0, Fraction(1, 30), live=False))
+        noise = np.random.default_rng(0)
+        written = 0
+        while not out.exists() or out.stat().st_size < 360_000:  # more than half of the disk, short of full
+            image = noise.integers(0, 256, (240, 320, 3), dtype=np.uint8)  # incompressible: big fragments
+            recorder.write(FrameResult(Frame(written, image, written, Fraction(1, 30), time.time_ns())))
+            written += 1
+        with pytest.raises(RecorderError, match="finalising the MP4 failed.*fragmented recording is kept"):
+            recorder.close()
+        assert _decodable(out) == written  # every frame written is in the kept file
+        assert [p.name for p in disk.iterdir()] == ["out.mp4"]  # no half-written second copy left
+
+
 def test_read_only_folder_fails_before_the_models_load(cli_env: dict[str, str], tmp_path: Path, clip: Path) -> None:
     with tmpfs(tmp_path / "ro", "ro,size=64k") as folder:
         ran = run_cli(["--source", clip, *TINY_POSE, "--record", folder / "out.mp4"], cli_env, tmp_path)
