@@ -143,13 +143,28 @@ def streams(tiny: Path, cli_env: dict[str, str], tmp_path_factory: pytest.TempPa
         _stop(viewer, *pipelines)
 
 
-class _Frames:
+class _Reader:
+    """A daemon thread that reads (``target``) while the with-block runs."""
+
+    def __init__(self, target) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=target, daemon=True)
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+
+class _Frames(_Reader):
     """The frames a pipeline publishes, as the Python client decodes them: {frame_index: RGB image}."""
 
     def __init__(self, endpoint: str, source: str) -> None:
         self.images: dict[int, np.ndarray] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(endpoint, source), daemon=True)
+        super().__init__(lambda: self._run(endpoint, source))
 
     def _run(self, endpoint: str, source: str) -> None:
         with Subscriber(endpoint, ["frame"], sources=[source]) as sub:
@@ -162,14 +177,6 @@ class _Frames:
                     self.images[msg.meta.frame_index] = msg.image
                     for old in [i for i in self.images if i < msg.meta.frame_index - 300]:
                         del self.images[old]
-
-    def __enter__(self) -> Self:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
 
 
 def _canvas(driver) -> tuple[int, np.ndarray]:
@@ -376,13 +383,12 @@ def _unpack(data: bytes) -> list[bytes]:
     return frames
 
 
-class _Forwarded:
+class _Forwarded(_Reader):
     """A WebSocket client of a viewer, as a page is: the status messages it forwards, decoded."""
 
     def __init__(self, listen: str) -> None:
         self.url, self.statuses = f"http://{listen}/ws", []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._read()), daemon=True)
+        super().__init__(lambda: asyncio.run(self._read()))
 
     async def _read(self) -> None:
         import aiohttp
@@ -400,14 +406,6 @@ class _Forwarded:
                 frames = _unpack(msg.data)
                 if frames[0].startswith(b"status."):
                     self.statuses.append(decode_message(frames))
-
-    def __enter__(self) -> Self:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
 
 
 def test_the_viewer_stops_cleanly_with_a_stalled_browser(streams: Streams) -> None:
