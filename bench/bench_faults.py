@@ -235,6 +235,7 @@ def main() -> int:
     ap.add_argument("--repo", type=Path, default=REPO, help="the checkout whose CLI and subscriber run")
     ap.add_argument("--kill-at", type=int, default=60, help="frames in the keypoint file at the SIGKILL")
     ap.add_argument("--parts", default="kill,bomb,subscriber")
+    ap.add_argument("--bomb-side", type=int, default=30000, help="pixels per side of the PNG bomb (a multiple of 1000)")
     ap.add_argument("--rounds", type=int, default=3, help="runs of each subscriber case (the median is kept)")
     ap.add_argument("--window", type=lambda t: tuple(map(int, t.split(","))), default=(100, 178),
                     help="FIRST,LAST: the frames the rate is taken over (the demo has 180; a stopped "
@@ -250,7 +251,7 @@ def main() -> int:
         if "kill" in parts:
             rows += [kill_case(suffix, env, tmp, args.kill_at) for suffix in (".mp4", ".mkv")]
         if "bomb" in parts:
-            png = real_bomb()
+            png = real_bomb(args.bomb_side)
             rows += [{**bomb_case(name, env, png, tmp), "png_kb": len(png) // 1024} for name in BOMBS]
         if "subscriber" in parts:  # interleaved rounds, the median of each (this machine's runs vary by ~10%)
             runs: dict[str, list[dict]] = {"none": [], "reading": [], "stopped": []}
