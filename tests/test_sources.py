@@ -227,8 +227,11 @@ def test_realtime_file_is_paced_and_live(tmp_path: Path) -> None:
     assert elapsed >= 14 / 30  # paced: 15 frames at 30 fps cannot take less (load only makes it longer)
     assert len(frames) + source.frames_dropped == 15 and frames  # live policy: what the consumer missed is counted
     captured = [f.capture_ns / 1e9 for f in frames]
-    for a, b in zip(frames, frames[1:]):  # never released ahead of the file's own clock
-        assert (b.capture_ns - a.capture_ns) / 1e9 >= (b.index - a.index) / 30 - 0.01
+    # Never released ahead of the file's own clock, counted from the first frame (a frame released late
+    # under load is followed by the next one at once, when it is due: a pair may be close, the schedule
+    # never early). 0.1 s covers the first frame's own late delivery; an unpaced file is ~0.45 s early.
+    for frame in frames[1:]:
+        assert (frame.capture_ns - frames[0].capture_ns) / 1e9 >= (frame.index - frames[0].index) / 30 - 0.1
     assert captured == sorted(captured)
 
 
