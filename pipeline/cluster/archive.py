@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import json
 import logging
 import math
@@ -377,12 +378,15 @@ def _run_on_ray(args: argparse.Namespace, cfg: RunConfig, todo: list[Item], out:
                  args.cpus_per_worker)
         by_id = {item.video_id: item for item in todo}
         progress = Progress(len(todo), bar=cfg.progress and sys.stderr.isatty())
+        stopped = None
         try:
             for row in _dataset(ray, cfg, todo, out, run_id, workers, gpus, args.cpus_per_worker,
                                 weights).iter_rows():
                 result = {key: _plain(row[key]) for key in ROW_KEYS}
                 rows[result["video_id"]] = result
                 progress.update(result)
+        except KeyboardInterrupt as exc:  # raised again below, without the frames that hold Ray's iterator
+            stopped = type(exc)(*exc.args)
         except Exception as exc:  # the Ray job itself stopped (not one video: those are rows)
             died = re.search(WorkersDied.__name__ + r": (.+)", str(exc))  # Ray wraps it in its own report
             why = died.group(1) if died else one_line(exc)
@@ -392,6 +396,9 @@ def _run_on_ray(args: argparse.Namespace, cfg: RunConfig, todo: list[Item], out:
             progress.close()
             for mark in out.glob(f"{LOADING}{run_id}-*"):
                 mark.unlink(missing_ok=True)
+        if stopped is not None:
+            gc.collect()  # the interrupted iterator stops its executor now, while Ray is up (at exit it printed
+            raise stopped  # a ValueError from Ray Data after the error line)
         for video_id in by_id.keys() - rows.keys():  # its worker process died on it, every try
             clear_partials(out / video_id)
             rows[video_id] = outcome(by_id[video_id], "failed", run_id,
