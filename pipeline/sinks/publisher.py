@@ -8,11 +8,11 @@ counters are a lower bound (one per stall, not per message lost) and subscribers
 what they missed from ``frame_index`` gaps. Queues are bounded per subscriber by one high-water
 mark (``sndhwm`` messages of any kind). Images are only encoded for topics that somebody
 subscribes to (the XPUB socket reports every subscription and unsubscription, so the publisher
-knows how many subscribers each topic has). A full queue of a topic's only subscriber is not
-sent to again in lossy mode (nobody else would get it, and libzmq would then hide that queue's
-state), so each message lost to it is counted; a picture topic in that state is not drawn or
-encoded again for ``FULL_RETRY_S`` (doubling while it stays full, up to ``FULL_RETRY_MAX_S``),
-and such a stopped subscriber costs the pipeline next to nothing. A stopped subscriber that
+knows how many subscribers each topic has: ``subscriptions.py``). A full queue of a topic's only
+subscriber is not sent to again in lossy mode (nobody else would get it, and libzmq would then
+hide that queue's state), so each message lost to it is counted; a picture topic in that state
+is not drawn or encoded again until a try finds room, and such a stopped subscriber costs the
+pipeline next to nothing. A stopped subscriber that
 shares a topic with another one (a status or keypoints reader) is set aside by libzmq after the
 first lossy send, unseen: its pictures are then encoded as for a reading one.
 
@@ -53,15 +53,13 @@ from stages.types import FrameResult, StreamInfo
 
 from ..net.monitoring import WARN_EVERY_S, ConnectionWatch
 from .jpeg import JpegEncoder
+from .subscriptions import Subscriptions
 
 log = logging.getLogger(__name__)
 
 __all__ = ["CurveClientKeys", "CurveServerKeys", "JpegEncoder", "PublishError", "ZmqPublisher"]
 
 BROKER_WAIT_S = 5.0  # --publish-connect: how long without a broker before saying so
-# A picture topic whose one subscriber is full is encoded again after FULL_RETRY_S, then after twice
-# as long each time it is still full, up to FULL_RETRY_MAX_S (each try costs an annotation and an encode).
-FULL_RETRY_S, FULL_RETRY_MAX_S = 0.2, 2.0
 
 
 class PublishError(RuntimeError):
@@ -145,8 +143,7 @@ class ZmqPublisher:
         self._monitor: zmq.Socket | None = None
         self._auth: ThreadAuthenticator | None = None
         self._lock = threading.Lock()  # guards the socket: write() and the status thread share it
-        self._subscriptions: collections.Counter[bytes] = collections.Counter()  # prefix -> subscribers
-        self._full_until: dict[bytes, tuple[float, float]] = {}  # picture topic -> (next try, wait) of its full one
+        self._subscriptions = Subscriptions()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._watch = ConnectionWatch(endpoint, connect, log)  # subscribers, or the broker, from the monitor
@@ -214,7 +211,7 @@ class ZmqPublisher:
             source.pipeline_drops = dict(result.drops)
             wanted = {k: self._is_subscribed(wire.topic_for(k, src)) for k in ("keypoints", *wire.IMAGE_KINDS)}
             for kind in wire.IMAGE_KINDS:  # its only subscriber is full: no encoding (a counted drop) for now
-                if wanted[kind] and self._full(wire.topic_for(kind, src).encode()):
+                if wanted[kind] and self._subscriptions.full(wire.topic_for(kind, src).encode()):
                     wanted[kind] = False
                     self.stats.dropped[kind] += 1
             drops = self._all_drops(source)
@@ -316,7 +313,7 @@ class ZmqPublisher:
         whose one subscriber's queue is full (its picture need not even be drawn)."""
         with self._lock:
             self._poll_subscriptions()
-            return self._is_subscribed(topic) and not self._full(topic.encode())
+            return self._is_subscribed(topic) and not self._subscriptions.full(topic.encode())
 
     def wait_for_subscriber(self, topic: str, timeout_s: float) -> bool:
         """Wait up to timeout_s until some subscriber's prefix matches topic."""
@@ -349,26 +346,10 @@ class ZmqPublisher:
                 msg = sock.recv(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            if msg[:1] == b"\x01":
-                self._subscriptions[msg[1:]] += 1
-                self._full_until.clear()  # a new subscriber: every picture topic is tried at once
-            elif msg[:1] == b"\x00":  # a subscriber unsubscribed or went away (XPUB_VERBOSER: each one)
-                self._subscriptions[msg[1:]] -= 1
-                if self._subscriptions[msg[1:]] <= 0:
-                    del self._subscriptions[msg[1:]]
+            self._subscriptions.update(msg)
 
     def _is_subscribed(self, topic: str) -> bool:
-        t = topic.encode()
-        return any(t.startswith(p) for p in self._subscriptions)
-
-    def _subscribers(self, topic: bytes) -> int:
-        """Subscriptions matching ``topic`` (a subscriber with two matching prefixes counts twice)."""
-        return sum(n for prefix, n in self._subscriptions.items() if topic.startswith(prefix))
-
-    def _full(self, topic: bytes) -> bool:
-        """The topic's one subscriber had a full queue, and its next try has not come."""
-        entry = self._full_until.get(topic)
-        return entry is not None and time.monotonic() < entry[0] and self._subscribers(topic) == 1
+        return self._subscriptions.wanted(topic.encode())
 
     def _send(self, kind: str, frames: list[bytes]) -> bool:
         """Send without blocking; False (and a counted drop) when some subscriber's queue is full."""
@@ -380,14 +361,12 @@ class ZmqPublisher:
             sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
         except zmq.Again:
             self.stats.dropped[kind] += 1
-            if self._subscribers(topic) == 1:
+            if self._subscriptions.subscribers(topic) == 1:
                 # Its one subscriber is full: nobody to resend to. (A lossy send would also make libzmq
                 # set that subscriber aside and report later sends as done, so its fullness would no
                 # longer show.) Its pictures are not even encoded until the next try.
                 if kind in wire.IMAGE_KINDS:
-                    last = self._full_until.get(topic)
-                    wait = FULL_RETRY_S if last is None else min(2 * last[1], FULL_RETRY_MAX_S)
-                    self._full_until[topic] = (time.monotonic() + wait, wait)
+                    self._subscriptions.mark_full(topic)
                 return False
             if not self.isolate_subscribers:
                 return False
@@ -400,7 +379,7 @@ class ZmqPublisher:
                 sock.setsockopt(zmq.XPUB_NODROP, 1)
             return False
         self.stats.sent[kind] += 1
-        self._full_until.pop(topic, None)
+        self._subscriptions.delivered(topic)
         return True
 
     def _all_drops(self, source: _Source) -> dict[str, int]:
