@@ -59,7 +59,7 @@ from .archive_files import (
     write_atomic,
 )
 from .archive_report import Progress, print_summary
-from .commands import need, unanswered
+from .support import need, unanswered
 
 if TYPE_CHECKING:  # the models' modules load torch: imported where a command runs, not by the CLI's parser
     from pipeline.config import RunConfig

@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .commands import need
+from .support import need
 from .fleet_worker import GpuWorker, node_id
 from .fleetspec import Camera, FleetSpec, place
 from .mirror import Mirror

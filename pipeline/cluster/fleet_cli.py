@@ -13,7 +13,7 @@ import time
 from typing import Any
 from urllib.parse import urlparse
 
-from .commands import need, unanswered
+from .support import need, unanswered
 from .fleet import HEAD_RESOURCE, NAMESPACE, FleetController, controller_name
 from .fleetspec import FleetError, camera_from, load_fleet
 
@@ -62,7 +62,7 @@ def fleet_argv(argv: list[str]) -> list[str]:
 
 
 def check_reachable(url_or_endpoint: str, what: str, speaks: str = "tcp", timeout_s: float = 3.0) -> None:
-    """One line before anything starts when the service at HOST:PORT does not answer (commands.unanswered)."""
+    """One line before anything starts when the service at HOST:PORT does not answer (support.unanswered)."""
     text = url_or_endpoint if "://" in url_or_endpoint else f"tcp://{url_or_endpoint}"
     parsed = urlparse(text)
     if parsed.scheme not in ("tcp", "redis", "rediss", "ray") or not parsed.hostname or not parsed.port:
