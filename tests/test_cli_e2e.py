@@ -21,7 +21,8 @@ import av
 import numpy as np
 import pytest
 
-from pipeline.cli import build_parser, overrides_from
+from pipeline.cli import build_parser
+from pipeline.cliargs import overrides_from
 from pipeline.config import ConfigError, load_config
 from pipeline.runner import Runner
 from pipeline.sources import Source

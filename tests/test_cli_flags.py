@@ -7,7 +7,8 @@ import typing
 
 import pytest
 
-from pipeline.cli import build_parser, overrides_from
+from pipeline.cli import build_parser
+from pipeline.cliargs import overrides_from
 from pipeline.config import FIELDS, HINTS, load_config
 
 # A value to give each kind of flag on the command line, and what the key must then hold.

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.cli import build_parser, overrides_from
+from pipeline.cli import build_parser
+from pipeline.cliargs import overrides_from
 from pipeline.config import RECORD_CODECS, ConfigError, load_config
 from pipeline.sinks.publisher import JpegEncoder, ZmqPublisher
 from pipeline.stages_setup import build_stages, fastpath_from

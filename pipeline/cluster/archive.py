@@ -81,7 +81,7 @@ ADDRESS_TIMEOUT_S = 5.0
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Register ``batch``: the run flags (less the ones batch sets itself) plus the archive's own."""
-    from pipeline.cli import add_run_args
+    from pipeline.cliargs import add_run_args
     from pipeline.config import FIELDS
 
     p = subparsers.add_parser("batch", help="run a video archive through the pipeline on Ray (resumable)",
@@ -114,7 +114,7 @@ def process_video(cfg: RunConfig, stages: Stages, item: Item, out: Path, run_id:
     """Run the pipeline on one video into ``out/<video_id>/``; never raises for a bad input (the
     outcome row says what happened; a video already complete is not done again). ``weights``: the
     driver's ``weights_fingerprint`` of the checkpoints, kept in the marker."""
-    from pipeline.cli import one_line
+    from pipeline.cliargs import one_line
 
     folder = out / item.video_id
     made_from = fingerprint(item, dataclasses.asdict(cfg), weights)
@@ -191,7 +191,7 @@ class ArchiveWorker:
     """The Ray Data actor: loads the models once, then runs one row (one video) per call."""
 
     def __init__(self, cfg: RunConfig, out: str, run_id: str, weights: str | None = None, workers: int = 1) -> None:
-        from pipeline.cli import one_line
+        from pipeline.cliargs import one_line
         from pipeline.stages_setup import build_stages
 
         logging.basicConfig(level=cfg.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
@@ -212,7 +212,7 @@ class ArchiveWorker:
         loading.unlink(missing_ok=True)
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, list]:
-        from pipeline.cli import one_line
+        from pipeline.cliargs import one_line
 
         rows = []
         for video_id, path in zip(batch["video_id"], batch["path"]):
@@ -307,7 +307,7 @@ def refuse_batch_flags(args: argparse.Namespace) -> None:
 def batch_config(args: argparse.Namespace) -> RunConfig:
     """The run config of every video: YAML and flags, with the keys batch sets itself cleared (from
     the YAML file they are ignored, with one warning), checked as far as it can be without models."""
-    from pipeline.cli import overrides_from
+    from pipeline.cliargs import overrides_from
     from pipeline.config import FIELDS, load_config
     from pipeline.preflight import preflight
     from pipeline.sourcespecs import SourceSpec
@@ -353,7 +353,7 @@ def _run_on_ray(args: argparse.Namespace, cfg: RunConfig, todo: list[Item], out:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     ray = need("ray", "batch")
     need("ray.data", "batch")
-    from pipeline.cli import one_line
+    from pipeline.cliargs import one_line
 
     workers = args.workers or 1
     try:
