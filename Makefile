@@ -38,6 +38,12 @@ test-js: $(STAMP) $(JS_STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/sapiens2-stream --config configs/demo.yaml
 
+# The JavaScript client's browser build, after a change of clients/js/src (commit the result: the
+# viewer serves pipeline/viewer/static/sapiens2-client.browser.js; clients/js/test/bundle.test.js checks it).
+.PHONY: bundle
+bundle: $(JS_STAMP)
+	cd $(JS) && npm run build
+
 # The shared wire test vectors, after a change of the wire format (commit the result).
 vectors: $(STAMP)
 	$(PY) clients/vectors/make_vectors.py

@@ -568,13 +568,6 @@ def test_the_documented_command_shows_the_demo_with_layers_figures_and_its_end(t
         _stop(pipeline)
 
 
-def test_the_page_ships_the_javascript_clients_own_build() -> None:
-    """One decoder: the viewer's copy of the browser bundle is the JavaScript client's, byte for byte."""
-    shipped = (REPO / "pipeline" / "viewer" / "static" / "sapiens2-client.browser.js").read_bytes()
-    built = (REPO / "clients" / "js" / "dist" / "sapiens2-client.browser.js").read_bytes()
-    assert shipped == built, "copy clients/js/dist/sapiens2-client.browser.js to pipeline/viewer/static/"
-
-
 def test_metrics_grow_and_health_says_ready(tiny: Path, cli_env: dict[str, str], tmp_path: Path,
                                            long_clip: Path) -> None:
     listen = f"127.0.0.1:{_port()}"

@@ -1,17 +1,29 @@
 /**
- * The browser build: dist/sapiens2-client.browser.js, one ESM file with the decoder and
- * @msgpack/msgpack (no Node API, no zeromq, no pixel decoding). `npm run build` writes it;
- * test/bundle.test.js checks that a rebuild gives the committed file byte for byte.
+ * The browser build: one ESM file with the decoder and @msgpack/msgpack (no Node API, no zeromq,
+ * no pixel decoding), built from src/ by esbuild (pinned, so the output is the same bytes on every
+ * machine).
+ *
+ *   node scripts/build.mjs          writes the one committed copy, the viewer's
+ *                                   pipeline/viewer/static/sapiens2-client.browser.js (package data
+ *                                   of the pipeline: a pip install needs no npm)
+ *   node scripts/build.mjs --dist   writes dist/sapiens2-client.browser.js, the `./browser` export of
+ *                                   the npm package (`prepack` runs it; dist/ is not committed)
+ *   node scripts/build.mjs --out F  writes F (test/bundle.test.js rebuilds into a temporary folder
+ *                                   and compares it with the committed copy byte for byte)
  */
 
-import { readFileSync, writeFileSync } from "node:fs";
-import { dirname, join } from "node:path";
+import { mkdirSync, readFileSync, writeFileSync } from "node:fs";
+import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 
 import * as esbuild from "esbuild";
 
 export const ROOT = join(dirname(fileURLToPath(import.meta.url)), "..");
-export const OUTFILE = join(ROOT, "dist", "sapiens2-client.browser.js");
+const NAME = "sapiens2-client.browser.js";
+/** The committed copy: the file the viewer serves. */
+export const COMMITTED = join(ROOT, "..", "..", "pipeline", "viewer", "static", NAME);
+/** The npm package's `./browser` export, built when the package is packed. */
+export const DIST = join(ROOT, "dist", NAME);
 
 const pkg = JSON.parse(readFileSync(join(ROOT, "package.json"), "utf8"));
 
@@ -30,13 +42,25 @@ export const OPTIONS = {
   logLevel: "silent",
 };
 
-/** Build in memory; returns the bundle's text. */
+/** Build in memory; returns the bundle's text (the same wherever it is written). */
 export async function buildBundle() {
-  const result = await esbuild.build({ ...OPTIONS, outfile: OUTFILE });
+  const result = await esbuild.build({ ...OPTIONS, outfile: DIST });
   return result.outputFiles[0].text;
 }
 
+/** Where a command line asks the bundle to go: --dist, --out FILE, else the committed copy. */
+function target(args) {
+  if (args[0] === "--dist" && args.length === 1) return DIST;
+  if (args[0] === "--out" && args.length === 2) return resolve(args[1]);
+  if (args.length === 0) return COMMITTED;
+  console.error("usage: node scripts/build.mjs [--dist | --out FILE]");
+  process.exit(2);
+}
+
 if (process.argv[1] && fileURLToPath(import.meta.url) === process.argv[1]) {
-  writeFileSync(OUTFILE, await buildBundle());
-  console.log(`wrote ${OUTFILE}`);
+  const out = target(process.argv.slice(2));
+  const text = await buildBundle();
+  mkdirSync(dirname(out), { recursive: true });
+  writeFileSync(out, text);
+  console.error(`wrote ${out}`); // stderr: `npm pack --json` prints its JSON on stdout after prepack
 }

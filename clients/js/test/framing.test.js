@@ -3,7 +3,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import * as browser from "../dist/sapiens2-client.browser.js";
+import * as browser from "../../../pipeline/viewer/static/sapiens2-client.browser.js";
 import { WireError, decode, packFrames, unpackFrames } from "../src/index.js";
 import { framesOf, loadVectors, rng } from "./helpers.js";
 

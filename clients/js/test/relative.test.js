@@ -8,7 +8,7 @@ import { existsSync } from "node:fs";
 import { join } from "node:path";
 import { describe, test } from "node:test";
 
-import * as browser from "../dist/sapiens2-client.browser.js";
+import * as browser from "../../../pipeline/viewer/static/sapiens2-client.browser.js";
 import * as node from "../src/index.js";
 import { keypoints } from "./corpus.js";
 import { REPO_DIR, framesOf, loadVectors, referencePython } from "./helpers.js";

@@ -5,7 +5,7 @@
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
 
-import * as browser from "../dist/sapiens2-client.browser.js";
+import * as browser from "../../../pipeline/viewer/static/sapiens2-client.browser.js";
 import * as node from "../src/index.js";
 import { framesOf, loadVectors, sha256 } from "./helpers.js";
 
