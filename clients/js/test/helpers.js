@@ -1,5 +1,6 @@
 // Shared helpers of the tests (not part of the package).
 
+import assert from "node:assert/strict";
 import { createHash } from "node:crypto";
 import { existsSync, readFileSync } from "node:fs";
 import { dirname, join, resolve } from "node:path";
@@ -34,6 +35,24 @@ export function pipelineCli() {
 /** The reference Python (for the parity test): $SAPIENS2_STREAM_PYTHON, else beside the CLI. */
 export function referencePython() {
   return process.env.SAPIENS2_STREAM_PYTHON ?? join(dirname(pipelineCli()), "python");
+}
+
+/** Whether this is a CI run (CI=true, which CI services set): there, no test may skip. */
+export const CI = /^(?:true|1)$/i.test(process.env.CI ?? "");
+
+/**
+ * Options and body of a test (or describe) that needs something: `test(name, ...needs(missing, fn))`,
+ * `missing` naming what is lacking, or false when it is there. Outside CI the test is skipped for
+ * that reason; under CI it fails instead, naming it (a CI run that skipped it would pass without
+ * checking anything).
+ * @param {string | false} missing
+ * @param {Function} fn
+ * @returns {[object, Function]}
+ */
+export function needs(missing, fn) {
+  if (!missing) return [{}, fn];
+  if (!CI) return [{ skip: missing }, fn];
+  return [{}, () => assert.fail(`CI=true, and this test cannot run: ${missing}`)];
 }
 
 /** Seeded PRNG (mulberry32): the same mutants on every run. */

@@ -1,7 +1,8 @@
 // Differential test against the Python reference decoder (sapiens2_client.messages.decode_message):
 // the hand-made corpus and a few thousand seeded random mutations of the vectors must be refused
 // for the same reason (or accepted) by both. Needs the repository's Python environment
-// ($SAPIENS2_STREAM_PYTHON, default: the python beside the pipeline CLI); skipped without it.
+// ($SAPIENS2_STREAM_PYTHON, default: the python beside the pipeline CLI); skipped without it, and
+// failed without it under CI (CI=true).
 
 import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
@@ -12,10 +13,11 @@ import { test } from "node:test";
 import { WireError, decodeMessage } from "../src/index.js";
 import { CASES, image, keypoints, status } from "./corpus.js";
 import { F } from "./pack.js";
-import { REPO_DIR, framesOf, loadVectors, mutants, referencePython } from "./helpers.js";
+import { REPO_DIR, framesOf, loadVectors, mutants, needs, referencePython } from "./helpers.js";
 
 const PYTHON = referencePython();
-const skip = existsSync(PYTHON) ? false : `reference Python not found at ${PYTHON}`;
+const missing = existsSync(PYTHON) ? false
+  : `the reference Python is not found at ${PYTHON} (set SAPIENS2_STREAM_PYTHON)`;
 
 const REFERENCE = `
 import base64, json, sys
@@ -53,7 +55,7 @@ function outcome(frames) {
   }
 }
 
-test("the corpus: the reference decoder gives the outcomes this package is tested for", { skip }, () => {
+test("the corpus: the reference decoder gives the outcomes this package is tested for", ...needs(missing, () => {
   const got = reference(CASES.map((c) => c.frames));
   const wrong = [];
   CASES.forEach((c, i) => {
@@ -62,9 +64,9 @@ test("the corpus: the reference decoder gives the outcomes this package is teste
     if (!ok) wrong.push(`${c.name}: Python ${got[i]}, expected ${want}`);
   });
   assert.deepEqual(wrong, []);
-});
+}));
 
-test("seeded mutations of the vectors: same outcome as the reference decoder", { skip }, () => {
+test("seeded mutations of the vectors: same outcome as the reference decoder", ...needs(missing, () => {
   const vectors = loadVectors().cases.filter((c) => c.expect);
   const bases = [
     ...vectors.map((c) => ({ frames: framesOf(c), images: ["frame", "seg", "matte"].includes(c.expect.kind) })),
@@ -83,9 +85,9 @@ test("seeded mutations of the vectors: same outcome as the reference decoder", {
   const refused = got.filter((g) => g !== "ok").length;
   assert.ok(refused > messages.length / 4, `the mutants should mostly be refused (${refused})`);
   assert.ok(crashes < messages.length / 100, `reference crashes: ${crashes}`);
-});
+}));
 
-test("every header field set to every kind of value: same outcome as the reference decoder", { skip }, () => {
+test("every header field set to every kind of value: same outcome as the reference decoder", ...needs(missing, () => {
   const values = [
     null, true, false, 0, 1, -1, 2 ** 31, 2 ** 31 + 1, 2n ** 63n - 1n, 2n ** 63n, -(2n ** 63n), 2n ** 64n - 1n,
     new F(0), new F(1), new F(1.5), new F(-1), new F(NaN), new F(Infinity), "", "x", "ok", "sapiens2.stream", "cam0",
@@ -123,4 +125,4 @@ test("every header field set to every kind of value: same outcome as the referen
     if (mine !== got[i]) wrong.push(`${new TextDecoder().decode(frames[1]).slice(0, 200)}: this package ${mine}, Python ${got[i]}`);
   });
   assert.deepEqual(wrong.slice(0, 10), [], `${wrong.length} of ${messages.length} differ`);
-});
+}));

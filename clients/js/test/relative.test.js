@@ -11,10 +11,11 @@ import { describe, test } from "node:test";
 import * as browser from "../../../pipeline/viewer/static/sapiens2-client.browser.js";
 import * as node from "../src/index.js";
 import { keypoints } from "./corpus.js";
-import { REPO_DIR, framesOf, loadVectors, referencePython } from "./helpers.js";
+import { REPO_DIR, framesOf, loadVectors, needs, referencePython } from "./helpers.js";
 
 const PYTHON = referencePython();
-const skipPython = existsSync(PYTHON) ? false : `reference Python not found at ${PYTHON}`;
+const missing = existsSync(PYTHON) ? false
+  : `the reference Python is not found at ${PYTHON} (set SAPIENS2_STREAM_PYTHON)`;
 
 const bytesOf = (typed) => new Uint8Array(typed.buffer, typed.byteOffset, typed.byteLength);
 
@@ -71,7 +72,7 @@ for frames in json.load(sys.stdin):
 json.dump(out, sys.stdout)
 `;
 
-test("the same numbers as the Python client's Keypoints3D.relative()", { skip: skipPython }, () => {
+test("the same numbers as the Python client's Keypoints3D.relative()", ...needs(missing, () => {
   const messages = [twoPersons(), ...loadVectors().cases.filter((c) => c.expect?.arrays?.keypoints3d).map(framesOf)];
   assert.ok(messages.length >= 2, "the vectors have a keypoints message with 3D parts");
   const input = JSON.stringify(messages.map((frames) => frames.map((f) => Buffer.from(f).toString("base64"))));
@@ -83,4 +84,4 @@ test("the same numbers as the Python client's Keypoints3D.relative()", { skip: s
     assert.deepEqual([...valid], want[i].valid, `message ${i} validity`);
     assert.deepEqual([...xyz], want[i].xyz, `message ${i} coordinates`);
   });
-});
+}));
