@@ -16,7 +16,6 @@ reading (aniposelib's translations are in the board's units, often mm: say so wi
 from __future__ import annotations
 
 import math
-import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +23,7 @@ from typing import Any
 
 import cv2
 import numpy as np
+import tomllib
 
 from stages.errors import ConfigError
 
