@@ -26,6 +26,8 @@ from stages.types import FrameResult
 from .config import ConfigError, RunConfig
 from .engine import FrameEngine
 from .metrics import MetricsSink, PipelineMetrics
+from .mocap.setup import check_rig, world_setup
+from .mocap.world import WorldWriter
 from .preflight import expand, matte_background, preflight
 from .runner import Runner
 from .sinks import PerSource, Sink
@@ -210,6 +212,7 @@ def run_pipeline(cfg: RunConfig, stop: threading.Event | None = None) -> int:
     stop = stop or threading.Event()
     specs = cfg.source_specs()
     preflight(cfg, specs)
+    rig = check_rig(cfg, specs)  # --triangulate: the calibration read and matched to the sources
     device = pick_device(cfg.device)
     several = len(specs) > 1 or cfg.control is not None
     services: list = []  # HTTP servers and the control endpoint, closed when the run ends
@@ -218,6 +221,8 @@ def run_pipeline(cfg: RunConfig, stop: threading.Event | None = None) -> int:
     try:  # until the runner owns them, a setup failure must close the sources and sinks here
         metrics = _start_metrics(cfg, services)
         sinks = build_sinks(cfg, stop, several)
+        world, world_sinks = world_setup(cfg, rig)
+        sinks += world_sinks
         _start_view(cfg, sinks, services)
         if metrics is not None:
             sinks.append(MetricsSink(metrics))
@@ -228,7 +233,7 @@ def run_pipeline(cfg: RunConfig, stop: threading.Event | None = None) -> int:
             for name in failed_at_start:  # a series at 0 for each: an alert on source_up sees it
                 metrics.add_source(name)
         stages = build_stages(cfg, device)
-        runner, display = assemble(cfg, sources, stages, sinks, stop, max_frames_per_step=len(specs))
+        runner, display = assemble(cfg, sources, stages, sinks, stop, max_frames_per_step=len(specs), world=world)
         if metrics is not None:
             def describe() -> None:  # the precision each stage computes in, as resolved (and after a fallback)
                 metrics.describe_run(cfg.tasks, cfg.model_size, precision(stages), stages.device,
@@ -269,7 +274,7 @@ def run_pipeline(cfg: RunConfig, stop: threading.Event | None = None) -> int:
     for sink in _flatten(sinks):
         if isinstance(sink, VideoRecorder) and sink.frames_written:
             log.info("wrote %s (%d frames)", sink.path, sink.frames_written)
-        elif isinstance(sink, KeypointWriter) and sink.lines_written:
+        elif isinstance(sink, KeypointWriter | WorldWriter) and sink.lines_written:
             log.info("wrote %s (%d lines)", sink.path, sink.lines_written)
     failed = {**failed_at_start, **stats.failed}
     if failed:
@@ -351,7 +356,7 @@ def _summary(stats, sources: list[Source], random_weights: bool) -> None:
 
 
 def assemble(cfg: RunConfig, sources: Source | list[Source], stages: Stages, sinks: list[Sink],
-             stop: threading.Event, max_frames_per_step: int = 1) -> tuple[Runner, Display]:
+             stop: threading.Event, max_frames_per_step: int = 1, world=None) -> tuple[Runner, Display]:
     """Annotation, engine and display around opened sources, loaded stages and built sinks."""
     sources = sources if isinstance(sources, list) else [sources]
     for note in stages.notes:
@@ -396,7 +401,7 @@ def assemble(cfg: RunConfig, sources: Source | list[Source], stages: Stages, sin
                  "live" if info.live else "file", ",".join(cfg.tasks), stages.device)
     runner = Runner(sources, engine, sinks, annotator, stages.random_weights, cfg.max_frames, display.on_result,
                     display.on_idle, stop, wants_image=wants_image, on_event=on_event,
-                    batch_timeout_s=cfg.batch_timeout_s)
+                    batch_timeout_s=cfg.batch_timeout_s, world=world)
     return runner, display
 
 

@@ -25,6 +25,7 @@ from stages.errors import ConfigError
 from stages.sapiens2.config import TASKS
 from stages.sapiens2.switches import ATTENTION_NAMES, COMPILE_MODES
 
+from .mocap.options import MocapFields
 from .options import option, parse_auto_bool, parse_checkpoint, parse_size
 from .sourcespecs import SourceSpec, name_sources
 
@@ -39,7 +40,7 @@ MAX_FRAGMENT_S = 60.0  # record_fragment_s: a keyframe at least every two minute
 
 
 @dataclass
-class RunConfig:
+class RunConfig(MocapFields):  # the motion-capture keys: pipeline/mocap/options.py
     # sources
     source: list[str] = option(help="repeatable, each [NAME=]SPEC: webcam, webcam:N, /dev/videoN, a video file, "
                                     "loop:FILE (a file played over and over), rtsp/http/udp URL, image, folder, "
@@ -202,6 +203,7 @@ class RunConfig:
         if unknown_layers:
             raise ConfigError(f"annotate: unknown layer {unknown_layers[0]!r}; choose from "
                               f"{', '.join(ANNOTATION_LAYERS)}")
+        self.validate_mocap(self.tasks)
         self.source_specs()  # names, duplicates, unknown keys
         if self.source_id is not None:
             try:
@@ -230,7 +232,8 @@ class RunConfig:
         return name_sources(self.sources, self.source, self.source_id)
 
 
-FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
+# the run's own keys first, then the motion-capture ones (a dataclass lists its base's fields first)
+FIELDS = {f.name: f for f in sorted(dataclasses.fields(RunConfig), key=lambda f: f.name in MocapFields.__annotations__)}
 HINTS = typing.get_type_hints(RunConfig)
 
 

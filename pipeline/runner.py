@@ -84,6 +84,13 @@ class SourceEvent:
 
 
 @dataclass(frozen=True)
+class StepDone:
+    """The frames of one engine step have gone to the sinks: the world step (motion capture) fuses them."""
+
+    results: list[FrameResult]
+
+
+@dataclass(frozen=True)
 class SourceClosed:
     """A source removed while running: its own sinks are finished after its last frame."""
 
@@ -95,11 +102,13 @@ class SinkWorker(threading.Thread):
 
     def __init__(self, sinks: list[Sink], annotator: Annotator | None, stop: threading.Event,
                  stats: RunStats, on_result: Callable[[FrameResult], None] | None,
-                 wants_image: Callable[[FrameResult], bool] | None = None) -> None:
+                 wants_image: Callable[[FrameResult], bool] | None = None,
+                 world: Callable[[list[FrameResult]], Any] | None = None) -> None:
         super().__init__(name="sinks", daemon=True)
         self.inbox: queue.Queue = queue.Queue(maxsize=4)
         self.sinks, self.annotator, self.stop, self.stats, self.on_result = sinks, annotator, stop, stats, on_result
         self.wants_image = wants_image or (lambda result: True)
+        self.world = world  # a step's results -> its WorldFrame (or None), handed to sinks' write_world
 
     def run(self) -> None:
         try:
@@ -116,6 +125,10 @@ class SinkWorker(threading.Thread):
                     self._call("event", item.record)
                 elif isinstance(item, SourceClosed):
                     self._call("close_source", item.source_id)
+                elif isinstance(item, StepDone):
+                    world = self.world(item.results) if self.world is not None else None
+                    if world is not None:
+                        self._call("write_world", world)
                 else:
                     self._handle(item)
         except BaseException as exc:  # reported by the main loop as the run's one error
@@ -170,7 +183,8 @@ class Runner:
                  info: StreamInfo | None = None, pipelined: bool | None = None,
                  wants_image: Callable[[FrameResult], bool] | None = None,
                  on_event: Callable[[dict[str, Any]], None] | None = None,
-                 batch_timeout_s: float = 0.01) -> None:
+                 batch_timeout_s: float = 0.01,
+                 world: Callable[[list[FrameResult]], Any] | None = None) -> None:
         sources = list(source) if isinstance(source, list | tuple) else [source]
         self.sources: dict[str, Source] = {self._id(s): s for s in sources}
         self.engine, self.sinks, self.annotator = engine, sinks, annotator
@@ -184,6 +198,7 @@ class Runner:
         self.pipelined = bool(getattr(engine, "cuda", False)) if pipelined is None else pipelined
         self.wants_image = wants_image
         self.batch_timeout_s = batch_timeout_s
+        self.world = world  # the motion-capture step over each step's results (pipeline.mocap.world)
         self.stats = RunStats()
         self._submitted: dict[str, int] = {sid: 0 for sid in self.sources}
         self._changes: queue.Queue = queue.Queue()  # (kind, payload, reply event, reply box) from other threads
@@ -201,7 +216,8 @@ class Runner:
     # -- running ----------------------------------------------------------------------------
     def run(self) -> RunStats:
         """Process until every source ended, stop() or an error; always closes everything."""
-        worker = SinkWorker(self.sinks, self.annotator, self.stop, self.stats, self.on_result, self.wants_image)
+        worker = SinkWorker(self.sinks, self.annotator, self.stop, self.stats, self.on_result, self.wants_image,
+                            self.world)
         opened: list[Sink] = []
         try:
             for sink in self.sinks:
@@ -330,7 +346,8 @@ class Runner:
             self._retire(sid, None)
 
     def _finish(self, pending, worker: SinkWorker) -> bool:
-        for result in self.engine.finish_batch(pending, self.random_weights):
+        results = self.engine.finish_batch(pending, self.random_weights)
+        for result in results:
             self._unfinished[result.frame.source_id] -= 1
             source = self._source_of(result.frame.source_id)
             if source is not None:
@@ -338,6 +355,8 @@ class Runner:
                                 "decode_errors": getattr(source, "decode_errors", 0)}
             if not worker.put(result):
                 return False
+        if self.world is not None and results and not worker.put(StepDone(list(results))):
+            return False
         return True
 
     def _source_of(self, sid: str) -> Source | None:

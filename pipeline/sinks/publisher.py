@@ -49,8 +49,10 @@ from sapiens2_client import wire
 from sapiens2_client.endpoints import check_endpoint, is_loopback
 from sapiens2_client.keys import CurveClientKeys, CurveKeyring, CurveServerKeys, KeysError
 from sapiens2_client.timing import RateMeter
+from stages.mocap.fuse import WorldFrame
 from stages.types import FrameResult, StreamInfo
 
+from ..mocap.message import RIG_ID, world_message
 from ..net.monitoring import WARN_EVERY_S, ConnectionWatch
 from .jpeg import JpegEncoder
 from .subscriptions import Subscriptions
@@ -243,6 +245,15 @@ class ZmqPublisher:
             for kind, frames in encoded:
                 self._send(kind, frames)
             source.rate.tick()
+
+    def write_world(self, world: WorldFrame) -> None:
+        """Publish one world step (``world.rig``) if anyone subscribes to it; never blocks."""
+        topic = wire.topic_for("world", RIG_ID)
+        with self._lock:
+            self._poll_subscriptions()
+            if self._sock is not None and self._is_subscribed(topic):
+                fields, parts = world_message(world)
+                self._send("world", self._encode("world", fields, parts))
 
     def event(self, record: dict[str, Any]) -> None:
         """A source changed health (``{"event": "stalled", "source_id": ..., "time_ns": ...}``):

@@ -1,0 +1,101 @@
+"""A run's motion capture from its config: the checks before anything loads, the world step and
+the world sinks (``--save-world``, ``--export-trc``)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from stages.errors import ConfigError
+from stages.mocap.associate import Association
+from stages.mocap.camera import CalibrationError, Rig, read_rig
+from stages.mocap.fuse import Fusion, WorldFrame, WorldFuser
+from stages.mocap.triangulate import Triangulation
+from stages.types import FrameResult, StreamInfo
+
+from ..sourcespecs import SourceSpec
+from .export import write_trc
+from .options import MocapFields
+from .world import WorldStep, WorldWriter
+
+log = logging.getLogger(__name__)
+
+
+def check_rig(cfg: MocapFields, specs: list[SourceSpec]) -> Rig | None:
+    """The rig of a --triangulate run, read and matched to the sources; ConfigError (one line) when the
+    file is missing or bad, or a source has no camera of its name. None without --triangulate."""
+    if not cfg.triangulate or not cfg.calibration:
+        return None
+    from ..preflight import check_output_path  # (no import cycle: preflight never imports this module)
+
+    if cfg.save_world:
+        check_output_path(cfg.save_world, "save_world")
+    if cfg.export_trc:
+        check_output_path(cfg.export_trc.replace("{person}", "0"), "export_trc", (".trc",))
+    try:
+        rig = read_rig(cfg.calibration)
+        rig.check_sources([spec.id or "src" for spec in specs], cfg.calibration)
+    except CalibrationError as exc:
+        raise ConfigError(f"calibration: {exc}") from None
+    if len(specs) < 2:
+        raise ConfigError("triangulate: needs at least two sources, one per calibrated camera (--source "
+                          f"NAME=SPEC with the names {', '.join(rig.names)})")
+    return rig
+
+
+def fusion_of(cfg: MocapFields, kpt_threshold: float, smooth_min_cutoff: float) -> Fusion:
+    """The fusion settings of a run."""
+    return Fusion(window_s=cfg.world_window_ms / 1000.0,
+                  association=Association(kpt_threshold, cfg.world_max_epipolar_px),
+                  triangulation=Triangulation(kpt_threshold, cfg.world_max_error_px, cfg.world_min_views),
+                  smooth=(smooth_min_cutoff, cfg.world_smooth_beta) if cfg.world_smooth else None)
+
+
+class TrcExport:
+    """``--export-trc``: at the end of the run, the world skeletons as TRC. It reads the world JSONL
+    (the run's ``--save-world`` file, or one it spools beside the TRC and removes), so it exports
+    what the run computed even when the run ends on an error."""
+
+    def __init__(self, path: str | Path, up: str, world_jsonl: str | Path | None = None) -> None:
+        self.path, self.up = Path(path), up
+        self._own = world_jsonl is None
+        self.source = Path(world_jsonl) if world_jsonl else self.path.with_name(self.path.name + ".world.jsonl.part")
+        self._spool = WorldWriter(self.source) if self._own else None
+        self.steps = 0
+        self.written: list[Path] = []
+
+    def open(self, info: StreamInfo) -> None:
+        pass
+
+    def write(self, result: FrameResult) -> None:
+        pass
+
+    def write_world(self, world: WorldFrame) -> None:
+        if self._spool is not None:
+            self._spool.write_world(world)
+        self.steps += 1
+
+    def close(self) -> None:
+        if self._spool is not None:
+            self._spool.close()
+        try:
+            if self.steps and self.source.exists():
+                self.written = write_trc(self.source, self.path, self.up)
+                for path in self.written:
+                    log.info("wrote %s (%d steps)", path, self.steps)
+        finally:
+            if self._own:
+                self.source.unlink(missing_ok=True)
+
+
+def world_setup(cfg, rig: Rig | None) -> tuple[WorldStep | None, list]:
+    """The world step and the world sinks of a run (none without --triangulate)."""
+    if rig is None:
+        return None, []
+    step = WorldStep(WorldFuser(rig, fusion_of(cfg, cfg.kpt_threshold, cfg.smooth_min_cutoff)))
+    sinks: list = []
+    if cfg.save_world:
+        sinks.append(WorldWriter(cfg.save_world))
+    if cfg.export_trc:
+        sinks.append(TrcExport(cfg.export_trc, cfg.trc_up, cfg.save_world))
+    return step, sinks

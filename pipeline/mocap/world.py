@@ -1,0 +1,144 @@
+"""The world step of a run and its JSON Lines record.
+
+``WorldStep`` turns the results of one engine step (one frame of each camera) into a WorldFrame
+through ``stages.mocap.fuse.WorldFuser``: each frame's clock is its capture time for a live source
+and its media time for a file, counted from that file's first frame (files that start at other
+timestamps still line up frame by frame). The runner's sink thread calls it after the step's
+frames, so the device loop never waits for it, and hands the result to every sink that has
+``write_world``.
+
+``WorldWriter`` (``--save-world``) writes one JSON line per step::
+
+    {"step": 12, "capture_ns": 1712345678901234567, "time_s": 0.4, "units": "m",
+     "cameras": {"cam1": 12, "cam2": 12, "cam3": 12}, "late": [], "random_weights": false,
+     "persons": [{"id": 0, "keypoints": [[x, y, z] or null, ...], "error_px": [e or null, ...],
+                  "views": [3, 2, 0, ...], "members": {"cam1": 0, "cam2": 1, "cam3": 0}}],
+     "single_view": [{"camera": "cam3", "person": 1}]}
+
+``cameras`` holds the frame index of each camera's frame in the step; ``members`` the index of
+the person in that camera's keypoint record of that frame. Points that are not valid are null
+(nothing non-finite is ever written); lines are written whole or not at all (the client's
+LineWriter), so a killed run leaves a file that parses to its last step.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sapiens2_client.jsonl import LineWriter
+from stages.mocap.fuse import CameraView, WorldFrame, WorldFuser
+from stages.types import FrameResult, Keypoints, StreamInfo
+
+log = logging.getLogger(__name__)
+
+
+class WorldStep:
+    """A run's world fusion: ``__call__(results)`` -> the step's WorldFrame (None when no result
+    of the step is from a camera of the rig, e.g. a step of sources that all ended)."""
+
+    def __init__(self, fuser: WorldFuser, num_keypoints: int = 308) -> None:
+        self.fuser = fuser
+        self.num_keypoints = num_keypoints
+        self._start: dict[str, float] = {}  # a file's first clock: its frames count from there
+        self.frames = 0
+
+    def __call__(self, results: list[FrameResult]) -> WorldFrame | None:
+        views = {}
+        random_weights = False
+        for result in results:
+            frame = result.frame
+            if frame.source_id not in self.fuser.rig.cameras:
+                continue
+            clock = frame.clock_s
+            if not frame.live:
+                clock -= self._start.setdefault(frame.source_id, clock)
+            keypoints = result.keypoints
+            if keypoints is None:
+                keypoints = Keypoints.empty(self.num_keypoints)
+            views[frame.source_id] = CameraView(frame.index, clock, frame.capture_ns, result.detections, keypoints)
+            random_weights = random_weights or result.random_weights
+        if not views:
+            return None
+        world = self.fuser.step(views, random_weights)
+        self.frames += 1
+        if world.late:
+            log.debug("world step %d: %s outside the %.0f ms window", world.index, ", ".join(world.late),
+                      self.fuser.spec.window_s * 1000)
+        return world
+
+
+def _points(values: np.ndarray, valid: np.ndarray, digits: int) -> list:
+    rounded = np.round(np.where(valid[..., None] if values.ndim > valid.ndim else valid, values, 0.0)
+                       .astype(np.float64), digits).tolist()
+    return [v if ok else None for v, ok in zip(rounded, valid.tolist())]
+
+
+def world_record(world: WorldFrame) -> dict[str, Any]:
+    """The JSON-ready record of one world step (see the module docstring)."""
+    persons = []
+    for p in range(len(world)):
+        valid = world.valid[p]
+        persons.append({
+            "id": int(world.ids[p]),
+            "keypoints": _points(world.xyz[p], valid, 5),  # 0.01 mm steps
+            "error_px": _points(world.error[p], valid, 3),
+            "views": world.views[p].astype(int).tolist(),
+            "members": {world.cameras[c]: int(i) for c, i in enumerate(world.members[p].tolist()) if i >= 0},
+        })
+    return {
+        "step": int(world.index), "capture_ns": int(world.capture_ns), "time_s": round(float(world.time_s), 6),
+        "units": "m", "cameras": dict(world.camera_frames), "late": list(world.late),
+        "random_weights": bool(world.random_weights), "persons": persons,
+        "single_view": [{"camera": world.cameras[c], "person": int(i)} for c, i in world.single_view.tolist()],
+    }
+
+
+def read_world(path: str | Path) -> Iterator[dict[str, Any]]:
+    """The records of a world JSONL file in order; a last line cut short (a killed run) is skipped,
+    any other line that does not parse is a ValueError naming it."""
+    path = Path(path)
+    with path.open("rb") as f:
+        lines = f.read().split(b"\n")
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            if number == len(lines):  # no newline after it: the write was cut, the lines before are whole
+                log.warning("%s: the last line is incomplete (the run was cut short); it is skipped", path)
+                return
+            raise ValueError(f"{path}:{number}: not a JSON line of a world file") from None
+        if not isinstance(record, dict) or "step" not in record or not isinstance(record.get("persons"), list):
+            raise ValueError(f"{path}:{number}: not a world step record (no step or persons)")
+        yield record
+
+
+class WorldWriter:
+    """``--save-world``: a sink of world steps (frames are not its business); created by its first step."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._lines = LineWriter(self.path)
+
+    @property
+    def lines_written(self) -> int:
+        return self._lines.lines_written
+
+    def open(self, info: StreamInfo) -> None:
+        pass
+
+    def write(self, result: FrameResult) -> None:
+        pass
+
+    def write_world(self, world: WorldFrame) -> None:
+        self._lines.write(world_record(world))
+
+    def close(self) -> None:
+        self._lines.close()
