@@ -1,0 +1,227 @@
+"""Motion-capture commands: ``calibrate`` (pipeline.mocap.calibrate_cmd), ``triangulate`` (world
+skeletons from the keypoint files of a recorded run, through the live run's world step) and
+``export-world`` (a world JSONL as TRC, CSV or NumPy).
+
+``triangulate`` reads one ``--save-keypoints`` file per camera (``NAME=FILE``, or one file whose
+lines carry ``source``) and forms steps as the live run does: each step takes the next record of
+every camera whose clock is within ``--window-ms`` of the earliest waiting one. The clock is the
+media time (pts, from each file's first frame: recordings of files) or, with ``--clock capture``,
+the capture time (the keypoint files of live cameras, whose pts have unrelated origins).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from collections.abc import Iterator
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from stages.errors import ConfigError
+from stages.types import Detections, Keypoints
+
+from .options import MocapFields
+
+log = logging.getLogger(__name__)
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Register calibrate, triangulate and export-world."""
+    from .calibrate_cmd import add_calibrate_parser
+
+    add_calibrate_parser(subparsers)
+    t = subparsers.add_parser("triangulate", help="world skeletons from the keypoint files of a recorded "
+                                                  "multi-camera run (as the live --triangulate computes them)")
+    t.add_argument("--keypoints", action="append", required=True, metavar="NAME=FILE",
+                   help="a camera's keypoint JSONL (--save-keypoints), named as in the calibration; repeatable; or "
+                        "one FILE whose lines carry their source")
+    t.add_argument("--calibration", required=True, help="the rig's calibration file (TOML)")
+    t.add_argument("--save-world", help="write the world steps here (.jsonl)")
+    t.add_argument("--export-trc", help="write TRC here (one file per person: {person} in the name, or _P<id>)")
+    t.add_argument("--csv", help="write a CSV here (one row per step and person)")
+    t.add_argument("--npz", help="write the NumPy arrays here (.npz)")
+    t.add_argument("--clock", choices=["media", "capture"], default="media",
+                   help="which clock lines up the cameras: media (pts; recorded files) or capture (live cameras)")
+    _add_world_flags(t)
+    t.set_defaults(func=cmd_triangulate)
+
+    e = subparsers.add_parser("export-world", help="a world JSONL (--save-world) as TRC, CSV or NumPy")
+    e.add_argument("world", help="the world JSONL file")
+    e.add_argument("--trc", help="TRC path (one file per person: {person} in the name, or _P<id>)")
+    e.add_argument("--csv", help="CSV path")
+    e.add_argument("--npz", help="NumPy .npz path")
+    e.add_argument("--trc-up", choices=["y", "z"], default="y", help="TRC up axis (y: OpenSim's, Z-up turned Y-up)")
+    e.add_argument("--rate", type=float, help="TRC data rate in Hz (default: from the steps' times)")
+    e.set_defaults(func=cmd_export_world)
+
+
+def _add_world_flags(p: argparse.ArgumentParser) -> None:
+    """The live run's fusion settings, with its defaults (pipeline.mocap.options)."""
+    defaults = MocapFields()
+    p.add_argument("--kpt-threshold", type=float, default=0.3, help="keypoint score a view needs (default: 0.3)")
+    p.add_argument("--window-ms", type=float, default=defaults.world_window_ms,
+                   help=f"cameras' frames within this of each other are one step (default: {defaults.world_window_ms:g})")
+    p.add_argument("--max-error-px", type=float, default=defaults.world_max_error_px,
+                   help=f"reprojection error that rejects a view (default: {defaults.world_max_error_px:g})")
+    p.add_argument("--max-epipolar-px", type=float, default=defaults.world_max_epipolar_px,
+                   help=f"epipolar distance that refuses a pairing (default: {defaults.world_max_epipolar_px:g})")
+    p.add_argument("--min-views", type=int, default=defaults.world_min_views, help="views a point needs (default: 2)")
+    p.add_argument("--trc-up", choices=["y", "z"], default="y", help="TRC up axis (y: OpenSim's, Z-up turned Y-up)")
+
+
+def _camera_files(specs: list[str]) -> dict[str, list[dict[str, Any]]]:
+    """Each camera's frame records, from NAME=FILE specs or one file with ``source`` on its lines."""
+    records: dict[str, list[dict[str, Any]]] = {}
+    for spec in specs:
+        name, sep, path = spec.partition("=")
+        if not sep:
+            name, path = "", spec
+        for line in _lines(Path(path)):
+            if "frame" not in line:
+                continue  # event lines (stalled, reconnecting, ...)
+            camera = name or line.get("source")
+            if not isinstance(camera, str):
+                raise ConfigError(f"--keypoints {path}: its lines carry no source; name the camera: NAME={path}")
+            records.setdefault(camera, []).append(line)
+    return records
+
+
+def _lines(path: Path) -> Iterator[dict[str, Any]]:
+    if not path.is_file():
+        raise ConfigError(f"--keypoints {path}: no such file")
+    lines = path.read_bytes().split(b"\n")
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            if number == len(lines):  # cut short by a killed run: the lines before are whole
+                return
+            raise ConfigError(f"--keypoints {path}:{number}: not a keypoint JSON line") from None
+        if isinstance(record, dict):
+            yield record
+
+
+def _clock(record: dict[str, Any], clock: str) -> float:
+    if clock == "media" and record.get("pts") is not None and record.get("time_base"):
+        return float(record["pts"] * Fraction(record["time_base"]))
+    return int(record.get("capture_ns", 0)) / 1e9
+
+
+def _view(record: dict[str, Any], clock_s: float, k: int):
+    from stages.mocap.fuse import CameraView
+
+    persons = record.get("persons") or []
+    points = [p.get("keypoints") or [[0.0, 0.0, 0.0]] * k for p in persons]
+    array = np.array([[[np.nan if v is None else v for v in point] for point in pts] for pts in points],
+                     np.float64).reshape(len(persons), k, 3)
+    xy, scores = array[..., :2], np.nan_to_num(array[..., 2], nan=0.0)
+    boxes = np.array([p.get("box") or [0, 0, 0, 0] for p in persons], np.float32).reshape(-1, 4)
+    det = Detections(np.nan_to_num(boxes), np.array([p.get("score") or 0.0 for p in persons], np.float32),
+                     np.array([p.get("id", -1) for p in persons], np.int64))
+    return CameraView(int(record["frame"]), clock_s, int(record.get("capture_ns", 0)), det,
+                      Keypoints(np.nan_to_num(xy), np.where(np.isfinite(xy).all(axis=-1), scores, 0.0)))
+
+
+def steps_of(records: dict[str, list[dict[str, Any]]], clock: str, window_s: float, k: int) -> Iterator[dict]:
+    """Steps as the live run forms them: the next record of each camera within the window of the
+    earliest waiting one (see the module docstring)."""
+    heads = {name: 0 for name in records}
+    starts = {name: _clock(lines[0], clock) for name, lines in records.items() if lines}
+    while True:
+        waiting = {name: records[name][i] for name, i in heads.items() if i < len(records[name])}
+        if not waiting:
+            return
+        clocks = {name: _clock(r, clock) - (starts[name] if clock == "media" else 0.0) for name, r in waiting.items()}
+        first = min(clocks.values())
+        step = {name: _view(waiting[name], clocks[name], k) for name in waiting if clocks[name] - first <= window_s}
+        for name in step:
+            heads[name] += 1
+        yield step
+
+
+def cmd_triangulate(args: argparse.Namespace) -> int:
+    from stages.mocap.camera import CalibrationError, read_rig
+    from stages.mocap.fuse import WorldFuser
+
+    from .export import write_csv, write_npz, write_trc
+    from .setup import fusion_of
+    from .world import WorldWriter  # the live run's --save-world writer: one format
+
+    if not (args.save_world or args.export_trc or args.csv or args.npz):
+        raise ConfigError("triangulate: name an output: --save-world, --export-trc, --csv or --npz")
+    try:
+        rig = read_rig(args.calibration)
+    except CalibrationError as exc:
+        raise ConfigError(f"--calibration: {exc}") from None
+    records = _camera_files(args.keypoints)
+    try:
+        rig.check_sources(records, args.calibration)
+    except CalibrationError as exc:
+        raise ConfigError(str(exc)) from None
+    options = MocapFields(world_window_ms=args.window_ms, world_max_error_px=args.max_error_px,
+                          world_max_epipolar_px=args.max_epipolar_px, world_min_views=args.min_views)
+    options.validate_mocap(["pose"])
+    fuser = WorldFuser(rig, fusion_of(options, args.kpt_threshold, 1.0))
+    k = next((len(p["keypoints"]) for lines in records.values() for r in lines for p in r.get("persons") or []
+              if p.get("keypoints")), 308)
+    world_path = Path(args.save_world) if args.save_world else Path(
+        (args.export_trc or args.csv or args.npz) + ".world.jsonl.part")
+    writer = WorldWriter(world_path)
+    steps = persons = 0
+    valid_share: list[float] = []
+    try:
+        for views in steps_of(records, args.clock, args.window_ms / 1000.0, k):
+            world = fuser.step(views)
+            writer.write_world(world)
+            steps += 1
+            persons += len(world)
+            valid_share += world.valid.mean(axis=1).tolist()
+    finally:
+        writer.close()
+    try:
+        outputs = []
+        if args.export_trc and steps:
+            outputs += write_trc(world_path, args.export_trc, args.trc_up)
+        if args.csv and steps:
+            outputs.append(write_csv(world_path, args.csv))
+        if args.npz and steps:
+            outputs.append(write_npz(world_path, args.npz))
+    finally:
+        if not args.save_world:
+            world_path.unlink(missing_ok=True)
+        else:
+            outputs = [world_path, *outputs]
+    share = float(np.mean(valid_share)) if valid_share else 0.0
+    print(f"{steps} steps from {len(records)} cameras, {persons} world persons in all, "
+          f"{100 * share:.0f}% of their keypoints triangulated")
+    for path in outputs:
+        print(f"wrote {path}")
+    return 0
+
+
+def cmd_export_world(args: argparse.Namespace) -> int:
+    from .export import write_csv, write_npz, write_trc
+
+    if not (args.trc or args.csv or args.npz):
+        raise ConfigError("export-world: name an output: --trc, --csv or --npz")
+    if not Path(args.world).is_file():
+        raise ConfigError(f"export-world: {args.world}: no such file (a run's --save-world)")
+    try:
+        outputs = []
+        if args.trc:
+            outputs += write_trc(args.world, args.trc, args.trc_up, args.rate)
+        if args.csv:
+            outputs.append(write_csv(args.world, args.csv))
+        if args.npz:
+            outputs.append(write_npz(args.world, args.npz))
+    except ValueError as exc:
+        raise ConfigError(f"export-world: {exc}") from None
+    for path in outputs:
+        print(f"wrote {path}")
+    return 0

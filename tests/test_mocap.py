@@ -1,0 +1,214 @@
+"""Motion capture on a synthetic rig: known moving skeletons seen by calibrated cameras with
+distortion, noise, missed keypoints, a wrong detection and a wrong view, fused through the live
+run's world step (pipeline.mocap.world.WorldStep over FrameResults, as the sink thread calls it)."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from pipeline.mocap.setup import fusion_of
+from pipeline.mocap.options import MocapFields
+from pipeline.mocap.world import WorldStep, world_record
+from stages.mocap.camera import Camera, Rig, read_rig, write_rig, CalibrationError
+from stages.mocap.fuse import WorldFuser
+from stages.types import Detections, Frame, FrameResult, Keypoints
+from tests.mocaprig import base_skeleton, observe, pose_at, ring_rig
+
+FPS = 30
+TOLERANCE_MEDIAN_M = 0.005  # at 1 px noise, cameras 3.5 m from the subjects (f ~ 914 px: 1 px ~ 4 mm there)
+TOLERANCE_P95_M = 0.015
+
+
+def _results(observed: dict[str, tuple[Detections, Keypoints]], step: int, offsets_s: dict[str, float] | None = None
+             ) -> list[FrameResult]:
+    """The FrameResults of one engine step, one per camera (a tiny image: the world step reads no pixels)."""
+    out = []
+    for name, (det, kp) in observed.items():
+        pts = round((step / FPS + (offsets_s or {}).get(name, 0.0)) * 15360)
+        frame = Frame(step, np.zeros((2, 2, 3), np.uint8), pts, Fraction(1, 15360), 1_700_000_000_000_000_000 + step,
+                      source_id=name)
+        out.append(FrameResult(frame, det, kp))
+    return out
+
+
+def _world_step(rig: Rig, **options) -> WorldStep:
+    fields = MocapFields(**options)
+    return WorldStep(WorldFuser(rig, fusion_of(fields, 0.3, 1.0)))
+
+
+def _people(t: float, bases: list[np.ndarray]) -> list[np.ndarray]:
+    return [pose_at(b, t, start=(-0.9 + 0.9 * i, 0.4 * i - 0.4), heading=1.3 * i) for i, b in enumerate(bases)]
+
+
+def _nearest_errors(world, people: list[np.ndarray]) -> tuple[list[np.ndarray], list[int]]:
+    """Per world person: the errors (m) of its valid points against the closest true person, and which."""
+    errors, which = [], []
+    for p in range(len(world)):
+        ok = world.valid[p]
+        dist = [np.linalg.norm(world.xyz[p][ok] - x[ok], axis=-1) for x in people]
+        j = int(np.argmin([d.mean() for d in dist]))
+        errors.append(dist[j])
+        which.append(j)
+    return errors, which
+
+
+def test_moving_skeletons_are_recovered_within_tolerance_through_the_live_world_step() -> None:
+    rig = ring_rig(4, radius=3.5)
+    bases = [base_skeleton(s) for s in range(3)]
+    step = _world_step(rig)
+    rng = np.random.default_rng(0)
+    errors, shares, ids_to_person = [], [], {}
+    for i in range(24):
+        people = _people(i / FPS, bases)
+        world = step(_results(observe(rig, people, rng, noise_px=1.0, miss=0.05), i))
+        assert len(world) == 3 and len(world.single_view) == 0
+        err, which = _nearest_errors(world, people)
+        errors += err
+        shares += world.valid.mean(axis=1).tolist()
+        for wid, j in zip(world.ids.tolist(), which):
+            assert ids_to_person.setdefault(wid, j) == j, "a world id moved to another person"
+        assert np.isfinite(world.xyz).all() and np.isfinite(world.error).all()
+        assert (world.views[world.valid] >= 2).all() and (world.views[~world.valid] == 0).all()
+        assert (world.xyz[~world.valid] == 0).all() and (world.error[~world.valid] == 0).all()
+    e = np.concatenate(errors)
+    assert np.median(e) < TOLERANCE_MEDIAN_M, f"median error {1000 * np.median(e):.2f} mm"
+    assert np.percentile(e, 95) < TOLERANCE_P95_M, f"p95 error {1000 * np.percentile(e, 95):.2f} mm"
+    assert np.mean(shares) > 0.95, f"only {100 * np.mean(shares):.0f}% of the points triangulated"
+    assert sorted(ids_to_person) == [0, 1, 2]
+
+
+def test_distortion_is_undone_before_triangulating() -> None:
+    """The same observations fused with the distortion left out are clearly worse: the calibration's
+    distortion is used (a pinhole-only triangulation would pass the test above at no distortion)."""
+    rig = ring_rig(4, radius=3.5, distortion=(-0.3, 0.1, 0.0, 0.0, 0.0))
+    flat = Rig({n: Camera(n, c.size, c.matrix, np.zeros(5), c.rvec, c.tvec) for n, c in rig.cameras.items()})
+    people = _people(0.0, [base_skeleton(0)])
+    observed = observe(rig, people, np.random.default_rng(1), noise_px=0.5, miss=0.0)
+    good = _world_step(rig)(_results(observed, 0))
+    bad = _world_step(flat, world_max_error_px=1000.0, world_max_epipolar_px=1000.0)(_results(observed, 0))
+    good_err = np.median(_nearest_errors(good, people)[0][0])
+    bad_err = np.median(_nearest_errors(bad, people)[0][0])
+    assert good_err < 0.005 and bad_err > 4 * good_err, (good_err, bad_err)
+
+
+def test_a_wrong_detection_in_one_view_is_reported_single_view_and_not_invented() -> None:
+    rig = ring_rig(4, radius=3.5)
+    rng = np.random.default_rng(2)
+    people = _people(0.3, [base_skeleton(0), base_skeleton(1)])
+    observed = observe(rig, people, rng)
+    det, kp = observed["cam3"]
+    ghost = kp.xy[0] + np.array([150.0, -40.0]) + rng.normal(0, 30, kp.xy[0].shape)  # a false person in cam3 only
+    observed["cam3"] = (Detections(np.vstack([det.boxes, det.boxes[:1]]), np.append(det.scores, 0.7),
+                                   np.append(det.track_ids, 7)),
+                        Keypoints(np.concatenate([kp.xy, ghost[None]]), np.concatenate([kp.scores, kp.scores[:1]])))
+    world = _world_step(rig)(_results(observed, 0))
+    assert len(world) == 2
+    cam3 = world.cameras.index("cam3")
+    assert world.single_view.tolist() == [[cam3, 2]]
+    assert all(np.median(e) < 0.006 for e in _nearest_errors(world, people)[0])
+    record = world_record(world)
+    assert record["single_view"] == [{"camera": "cam3", "person": 2}]
+
+
+def test_an_outlier_view_is_rejected_and_the_person_solved_from_the_others() -> None:
+    rig = ring_rig(5, radius=3.5)
+    people = _people(0.1, [base_skeleton(0)])
+    observed = observe(rig, people, np.random.default_rng(3), noise_px=1.0, miss=0.0)
+    det, kp = observed["cam2"]
+    # cam2 sees this person's keypoints 35 px off (a mis-synchronised or mis-calibrated view): small enough to pass
+    # the association's epipolar test for some points, far over the reprojection threshold
+    observed["cam2"] = (det, Keypoints(kp.xy + np.array([35.0, 20.0], np.float32), kp.scores))
+    step = _world_step(rig, world_max_epipolar_px=60.0)
+    world = step(_results(observed, 0))
+    assert len(world) == 1
+    cam2 = world.cameras.index("cam2")
+    errors = _nearest_errors(world, people)[0][0]
+    assert np.median(errors) < 0.006, f"median {1000 * np.median(errors):.1f} mm"
+    assert world.valid[0].mean() > 0.95
+    assert world.members[0, cam2] == -1 and [cam2, 0] in world.single_view.tolist(), \
+        "the wrong view should leave the person"
+    assert world.views[0][world.valid[0]].max() <= 4
+
+
+def test_points_seen_by_fewer_than_two_good_views_are_invalid_never_made_up() -> None:
+    rig = ring_rig(3, radius=3.5)
+    people = _people(0.0, [base_skeleton(0)])
+    observed = observe(rig, people, np.random.default_rng(4), miss=0.0)
+    hidden = np.arange(70, 308)  # the face: seen by cam1 only
+    for name in ("cam2", "cam3"):
+        det, kp = observed[name]
+        scores = kp.scores.copy()
+        scores[:, hidden] = 0.1
+        observed[name] = (det, Keypoints(kp.xy, scores))
+    world = _world_step(rig)(_results(observed, 0))
+    assert len(world) == 1
+    assert not world.valid[0, hidden].any()
+    assert world.valid[0, :70].mean() > 0.95
+    assert (world.xyz[0, hidden] == 0).all() and (world.views[0, hidden] == 0).all()
+    record = world_record(world)
+    assert all(record["persons"][0]["keypoints"][i] is None for i in hidden)
+
+
+def test_a_person_seen_by_one_camera_only_is_reported_as_such() -> None:
+    rig = ring_rig(3, radius=3.5)
+    people = _people(0.0, [base_skeleton(0), base_skeleton(1)])
+    observed = observe(rig, people, np.random.default_rng(5))
+    for name in ("cam2", "cam3"):  # the second person is hidden from cam2 and cam3
+        det, kp = observed[name]
+        keep = det.track_ids == 0
+        observed[name] = (Detections(det.boxes[keep], det.scores[keep], det.track_ids[keep]),
+                          Keypoints(kp.xy[keep], kp.scores[keep]))
+    world = _world_step(rig)(_results(observed, 0))
+    assert len(world) == 1
+    det1 = observed["cam1"][0]
+    alone = int(np.flatnonzero(det1.track_ids == 1)[0])
+    assert world.single_view.tolist() == [[0, alone]]
+
+
+def test_a_camera_outside_the_time_window_is_left_out_of_the_step() -> None:
+    rig = ring_rig(4, radius=3.5)
+    people = _people(0.0, [base_skeleton(0)])
+    observed = observe(rig, people, np.random.default_rng(6))
+    step = _world_step(rig, world_window_ms=20.0)
+    step(_results(observed, 0))  # each file's first frame sets its clock's origin
+    world = step(_results(observed, 1, {"cam4": 0.1}))
+    assert world.late == ["cam4"] and "cam4" not in world.camera_frames
+    assert world.members[0, world.cameras.index("cam4")] == -1
+    assert world_record(world)["late"] == ["cam4"]
+
+
+def test_ids_hold_without_tracks_from_the_persons_positions() -> None:
+    rig = ring_rig(4, radius=3.5)
+    bases = [base_skeleton(s) for s in range(3)]
+    step = _world_step(rig)
+    rng = np.random.default_rng(7)
+    mapping = {}
+    for i in range(10):
+        people = _people(i / FPS, bases)
+        observed = {n: (Detections(d.boxes, d.scores, np.full(len(d), -1)), k)
+                    for n, (d, k) in observe(rig, people, rng).items()}
+        world = step(_results(observed, i))
+        for wid, j in zip(world.ids.tolist(), _nearest_errors(world, people)[1]):
+            assert mapping.setdefault(wid, j) == j
+    assert sorted(mapping) == [0, 1, 2]
+
+
+def test_the_rig_file_round_trips_and_refuses_sources_it_lacks(tmp_path) -> None:
+    rig = ring_rig(3)
+    path = tmp_path / "calib.toml"
+    write_rig(rig, path, {"cam1": 0.2, "cam2": 0.3, "cam3": 0.25})
+    back = read_rig(path)
+    assert back.names == rig.names
+    for name in rig.names:
+        a, b = rig[name], back[name]
+        np.testing.assert_allclose(b.matrix, a.matrix)
+        np.testing.assert_allclose(b.rvec, a.rvec)
+        np.testing.assert_allclose(b.tvec, a.tvec)
+        np.testing.assert_allclose(b.dist, a.dist)
+    with pytest.raises(CalibrationError, match="exists"):
+        write_rig(rig, path)
+    with pytest.raises(CalibrationError, match=r"no camera named 'door'.*'cam1', 'cam2', 'cam3'"):
+        back.check_sources(["cam1", "door"], path)
