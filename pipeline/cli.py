@@ -1,9 +1,16 @@
-"""``sapiens2-stream``: run the pipeline, make tiny checkpoints, subscribe, make keys, run a broker.
+"""``sapiens2-stream``: the entry point. It assembles the subcommands and defines none of them.
 
     sapiens2-stream --source webcam                      # run (default command)
     sapiens2-stream --config configs/full.yaml --record out.mp4
     sapiens2-stream weights make-tiny DIR --task pose
     sapiens2-stream subscribe --endpoint tcp://127.0.0.1:5555 --topic keypoints
+
+Every module named in COMMAND_MODULES registers its subcommands with ``add_parser(subparsers)``
+(each handler set as ``func(args) -> int`` with ``set_defaults``) and may define
+``expand_shorthand(argv) -> argv`` for a short form of its command line (``fleet FLEET.yaml``).
+New commands: write ``pipeline/<area>/commands.py`` with ``add_parser`` and add its dotted name
+to COMMAND_MODULES; nothing else here changes. Parsing goes one way: command modules take shared
+helpers from pipeline.cliargs and never import this module (tests/test_import_graph.py).
 
 User-facing failures print one ``error: ...`` line and exit non-zero.
 """
@@ -11,29 +18,42 @@ User-facing failures print one ``error: ...`` line and exit non-zero.
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import sys
+from types import ModuleType
 
 from sapiens2_client.cli import OneLineParser
 
-from . import commands
 from .cliargs import one_line
 
-SUBCOMMANDS = ("run", "weights", "subscribe", "keys", "broker", "view", "control", "fleet", "batch", "bridge")
+# The modules that register subcommands, in the order --help lists them (the registry).
+COMMAND_MODULES = (
+    "pipeline.commands",  # run (the default), weights
+    "pipeline.net.commands",  # subscribe, keys, broker, view, control
+    "pipeline.cluster.commands",  # fleet, batch, bridge
+)
+DEFAULT_COMMAND = "run"  # what a command line that names no command runs
 log = logging.getLogger("sapiens2_stream")
 
 
+def command_modules() -> list[ModuleType]:
+    """The registered command modules, imported (each keeps its own heavy imports inside its handlers)."""
+    return [importlib.import_module(name) for name in COMMAND_MODULES]
+
+
 def build_parser() -> argparse.ArgumentParser:
+    """The whole command line: every registered module's subcommands."""
     parser = OneLineParser(prog="sapiens2-stream", description="Real-time Sapiens2 video pipeline")
     sub = parser.add_subparsers(dest="command")
-    commands.add_parser(sub)
-    from .net.commands import add_net_commands
-
-    add_net_commands(sub)
-    from .cluster.commands import add_cluster_commands
-
-    add_cluster_commands(sub)
+    for module in command_modules():
+        module.add_parser(sub)
     return parser
+
+
+def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """The top-level commands of ``parser`` by name."""
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,21 +66,21 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] not in SUBCOMMANDS and argv[0] not in ("-h", "--help"):
-        argv = ["run", *argv]
-    from .cluster.fleet_cli import fleet_argv
-
-    argv = fleet_argv(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     for noisy in ("httpx", "huggingface_hub", "ultralytics"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     parser = build_parser()
+    commands = subcommands(parser)
+    if not argv or argv[0] not in commands and argv[0] not in ("-h", "--help"):
+        argv = [DEFAULT_COMMAND, *argv]
+    for module in command_modules():  # imported by build_parser already
+        expand = getattr(module, "expand_shorthand", None)
+        argv = expand(argv) if expand is not None else argv
     args, extra = parser.parse_known_args(argv)
     if extra:  # named by the command's own parser, whose --help lists its flags (argparse names the top one)
-        commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
         commands.get(getattr(args, "command", None) or "", parser).error(f"unrecognized arguments: {' '.join(extra)}")
     if not hasattr(args, "func"):
-        build_parser().print_help()
+        parser.print_help()
         return 2
     try:
         return int(args.func(args) or 0)

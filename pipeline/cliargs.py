@@ -1,5 +1,5 @@
 """Argument helpers the commands share: the run flags, generated from RunConfig's fields (``run`` and
-``batch`` take them), the config overrides those flags carry, and a failure as one line.
+``batch`` take them), the config they make with the YAML file, and a failure as one line.
 
 Subcommand modules import these, never the entry point (pipeline.cli), so that command-line parsing
 goes one way: the entry point assembles the commands, the commands use this module.
@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import argparse
 import typing
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # for annotations: the helpers import pipeline.config when they are called
+    from .config import RunConfig
 
 
-def _flag_type(parse):
+def _flag_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
     """argparse type from a config parser: its ValueError becomes argparse's one-line usage error."""
-    def convert(text: str):
+    def convert(text: str) -> Any:
         try:
             return parse(text)
         except ValueError as exc:
@@ -83,6 +87,13 @@ def overrides_from(args: argparse.Namespace) -> dict[str, Any]:
         if typing.get_origin(HINTS[key]) is dict:
             values[key] = dict(value)
     return values
+
+
+def run_config(args: argparse.Namespace) -> RunConfig:
+    """The RunConfig of a command's ``--config`` file and run flags (a flag wins over the file)."""
+    from .config import load_config
+
+    return load_config(args.config, overrides_from(args))
 
 
 def one_line(exc: BaseException) -> str:

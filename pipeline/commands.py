@@ -11,7 +11,7 @@ import logging
 import signal
 import threading
 
-from .cliargs import add_run_args, overrides_from
+from .cliargs import add_run_args, run_config
 
 log = logging.getLogger("sapiens2_stream")
 
@@ -39,10 +39,9 @@ def cmd_make_tiny(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .config import load_config
     from .preflight import preflight, unused_settings
 
-    cfg = load_config(args.config, overrides_from(args))
+    cfg = run_config(args)
     logging.getLogger().setLevel(cfg.log_level.upper())
     preflight(cfg)  # before torch and the pipeline are imported: bad input costs half a second, not eight
     for note in unused_settings(cfg):

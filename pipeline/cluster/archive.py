@@ -307,12 +307,12 @@ def refuse_batch_flags(args: argparse.Namespace) -> None:
 def batch_config(args: argparse.Namespace) -> RunConfig:
     """The run config of every video: YAML and flags, with the keys batch sets itself cleared (from
     the YAML file they are ignored, with one warning), checked as far as it can be without models."""
-    from pipeline.cliargs import overrides_from
-    from pipeline.config import FIELDS, load_config
+    from pipeline.cliargs import run_config
+    from pipeline.config import FIELDS
     from pipeline.preflight import preflight
     from pipeline.sourcespecs import SourceSpec
 
-    cfg = load_config(args.config, overrides_from(args))
+    cfg = run_config(args)
     defaults = {key: FIELDS[key].default_factory() if FIELDS[key].default_factory is not dataclasses.MISSING
                 else FIELDS[key].default for key in SET_BY_BATCH}
     ignored = [key for key, value in defaults.items() if getattr(cfg, key) != value]

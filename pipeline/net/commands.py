@@ -1,7 +1,7 @@
 """CLI commands for the network side: ``subscribe``, ``keys`` (the client package's, one implementation),
 ``broker``, ``view`` (the web viewer) and ``control`` (sources of a running pipeline).
 
-``add_net_commands(subparsers)`` registers them on the main CLI's subparsers; every handler
+``add_parser(subparsers)`` registers them on the main CLI's subparsers; every handler
 is ``func(args) -> int`` and reports a failure as one ``error: ...`` line.
 ``python -m pipeline.net.commands ...`` runs them standalone.
 """
@@ -26,8 +26,8 @@ from sapiens2_client.keys import CurveClientKeys, CurveServerKeys, KeysError
 from .broker import Broker, BrokerError
 
 
-def add_net_commands(subparsers: argparse._SubParsersAction) -> None:
-    """Register the subscribe, keys and broker subcommands."""
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Register the subscribe, keys, broker, view and control subcommands."""
     add_subscribe_command(subparsers)
     add_keys_command(subparsers)
     b = subparsers.add_parser("broker", help="XSUB/XPUB proxy: many publishers, many subscribers")
@@ -156,7 +156,7 @@ def _on_signals(handler: Any) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Standalone entry: ``python -m pipeline.net.commands {subscribe,keys,broker} ...``."""
     parser = OneLineParser(prog="sapiens2-stream")
-    add_net_commands(parser.add_subparsers(dest="command", required=True))
+    add_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
     return int(args.func(args))
 
