@@ -6,12 +6,23 @@ import json
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from .fleet import FleetController
+    from .fleetspec import Camera, FleetSpec
 
 log = logging.getLogger(__name__)
+
+
+class MirroredState(Protocol):
+    """What ``Mirror.catch_up`` writes back: the fleet controller's state (a protocol, so that the
+    mirror need not import the controller that holds it)."""
+
+    spec: FleetSpec | None
+    starts: int
+    cameras: dict[str, Camera]
+    placement: dict[str, int]
+    outages: list[dict[str, Any]]
 
 
 class Mirror:
@@ -73,7 +84,7 @@ class Mirror:
         self.behind, self._wait_s = True, self.RETRY_S[0]
         self._next_try = time.monotonic() + self._wait_s
 
-    def catch_up(self, state: FleetController) -> None:
+    def catch_up(self, state: MirroredState) -> None:
         """Rewrite spec, cameras, placement, outages and the start count, when behind and due."""
         if not self.behind or time.monotonic() < self._next_try or state.spec is None:
             return
