@@ -7,7 +7,7 @@ export type Reason =
   | "too_large" | "frames" | "topic" | "header" | "schema" | "version" | "field" | "parts" | "shape" | "dtype"
   | "encoding" | "image";
 
-export type Kind = "keypoints" | "frame" | "seg" | "matte" | "status";
+export type Kind = "keypoints" | "frame" | "seg" | "matte" | "status" | "world";
 export type Dtype = "|u1" | "|i1" | "<u2" | "<i2" | "<u4" | "<i4" | "<u8" | "<i8" | "<f2" | "<f4" | "<f8";
 
 export const REASONS: readonly Reason[];
@@ -26,6 +26,8 @@ export const KEYPOINT_PARTS: Readonly<Record<string, readonly [Dtype, readonly (
 /** The optional 3D group of a keypoints message: keypoints3d, keypoints3d_valid, root3d, root3d_valid. */
 export const KEYPOINT3D_PARTS: Readonly<Record<string, readonly [Dtype, readonly (string | number)[]]>>;
 export const IMAGE_PART: Readonly<{ frame: "image"; seg: "classes"; matte: "alpha" }>;
+/** The seven parts of a world message: name -> [dtype, shape in terms of N, K, C cameras, S single-view persons]. */
+export const WORLD_PARTS: Readonly<Record<string, readonly [Dtype, readonly (string | number)[]]>>;
 
 /** A message does not follow the wire format; the decoder throws this and nothing else for bad bytes. */
 export class WireError extends Error {
@@ -100,7 +102,7 @@ export interface Decoded {
   arrays: Record<string, Part>;
 }
 
-/** Per-frame fields shared by keypoints, frame, seg and matte messages (the exact values stay in `header`). */
+/** Per-frame fields shared by keypoints, frame, seg, matte and world messages (the exact values stay in `header`). */
 export interface FrameMeta {
   source_id: string;
   /** exact below 2^53 */
@@ -220,7 +222,55 @@ export interface StatusMessage extends MessageBase {
   event?: StatusEvent;
 }
 
-export type Message = KeypointsMessage | FrameMessage | SegMessage | MatteMessage | StatusMessage;
+/**
+ * One step of a calibrated rig (docs/WIRE.md, "World keypoints"): N persons triangulated into the
+ * calibration's world frame (right-handed, metres), K keypoints each, from C cameras. Row-major arrays.
+ */
+export interface WorldMessage extends MessageBase {
+  kind: "world";
+  /** frame_index: the world step of this run, consecutive from 0; capture_ns: the step's reference capture time */
+  meta: FrameMeta;
+  /** N */
+  num_persons: number;
+  /** K: 308 for Sapiens2 */
+  num_keypoints: number;
+  /** S: persons seen by one camera only */
+  num_single_view: number;
+  /** "m": metres */
+  units: string;
+  /** C camera names (source ids): the column order of world_members */
+  cameras: string[];
+  /** camera -> the frame_index of its frame used in this step (absent: no frame in the step's window) */
+  camera_frames: Record<string, number>;
+  /** (N, K, 3) X, Y, Z; exactly 0 where not valid */
+  world_keypoints: Float32Array;
+  /** (N, K) 1 where triangulated from at least two good views, else 0 */
+  world_valid: Uint8Array;
+  /** (N, K) RMS reprojection error in pixels over the views used (0 where not valid) */
+  world_error: Float32Array;
+  /** (N, K) camera views used (0 where not valid) */
+  world_views: Uint8Array;
+  /** (N,) world person ids, stable over time */
+  world_ids: BigInt64Array;
+  /** (N, C) the person's index in the keypoints message of camera c's frame camera_frames[cameras[c]], -1 where unseen */
+  world_members: Int32Array;
+  /** (S, 2) (camera column, person index) of persons one camera alone sees: not triangulated */
+  single_view: Int32Array;
+  shapes: {
+    world_keypoints: [number, number, 3];
+    world_valid: [number, number];
+    world_error: [number, number];
+    world_views: [number, number];
+    world_ids: [number];
+    world_members: [number, number];
+    single_view: [number, 2];
+  };
+}
+
+/** Camera -> the index of world person `person` in that camera's keypoints message, for the cameras that see them. */
+export function membersOf(world: WorldMessage, person: number): Record<string, number>;
+
+export type Message = KeypointsMessage | FrameMessage | SegMessage | MatteMessage | StatusMessage | WorldMessage;
 
 /** Bytes of one frame: Node Buffers are Uint8Arrays. */
 export type Bytes = Uint8Array | ArrayBuffer | ArrayBufferView;

@@ -89,6 +89,37 @@ def _keypoint3d_parts(n: int, k: int = 308) -> list[wire.Part]:
             wire.Part("root3d", root), wire.Part("root3d_valid", root_valid)]
 
 
+WORLD_CAMERAS = ["cam0", "cam1", "side-2"]
+
+
+def _world_fields(n: int, k: int = 308, cameras: list[str] | None = None) -> dict[str, Any]:
+    """A world step's header fields: a rig of three cameras, side-2 without a frame in the window."""
+    cameras = WORLD_CAMERAS if cameras is None else cameras
+    meta = wire.meta_fields(wire.FrameMeta(source_id="rig", frame_index=7, capture_ns=CAPTURE_NS,
+                                           latency_ms={"triangulate": 0.75}, drops={"source": 0}))
+    return {**meta, "num_persons": n, "num_keypoints": k, "units": "m", "cameras": cameras,
+            "camera_frames": {c: 40 + i for i, c in enumerate(cameras[:2])}}
+
+
+def _world_parts(n: int, k: int = 308, c: int = 3, single: int = 1) -> list[wire.Part]:
+    """The seven world parts: some points not valid (zeros there), some persons unseen by a camera."""
+    rng = np.random.default_rng(200 + n)
+    valid = (rng.random((n, k)) > 0.25).astype(np.uint8)
+    xyz = np.where(valid[..., None] == 1, rng.standard_normal((n, k, 3)) * 0.3 + [0, 0, 1], 0).astype("<f4")
+    error = np.where(valid == 1, rng.random((n, k)) * 3, 0).astype("<f4")
+    views = (valid * rng.integers(2, c + 1, (n, k))).astype(np.uint8)
+    members = np.tile(np.arange(n, dtype=np.int32)[:, None], (1, c))
+    members[0::2, c - 1] = -1  # every other person is not seen by the last camera
+    return [wire.Part("world_keypoints", xyz), wire.Part("world_valid", valid), wire.Part("world_error", error),
+            wire.Part("world_views", views), wire.Part("world_ids", np.arange(n, dtype=np.int64) + 100),
+            wire.Part("world_members", members),
+            wire.Part("single_view", np.array([[c - 1, 3]] * single, np.int32).reshape(single, 2))]
+
+
+def _replace(parts: list[wire.Part], name: str, array: np.ndarray) -> list[wire.Part]:
+    return [wire.Part(name, array) if p.name == name else p for p in parts]
+
+
 def _image() -> np.ndarray:
     y, x = np.mgrid[0:16, 0:24]
     return np.stack([x * 10, y * 14, (x + y) * 5], axis=-1).astype(np.uint8)  # smooth: JPEG stays close
@@ -177,6 +208,13 @@ def cases() -> list[dict[str, Any]]:
               "detector": "full-frame", "event": {"event": "stalled", "time_ns": CAPTURE_NS, "session": 0, "last_frame": 1199}}
     good("status_with_event", wire.encode("status", "cam0", status, **enc))
     good("unknown_keys_are_ignored", _mutate(kp, future_field={"anything": [1, 2]}, another=3))
+    world = wire.encode("world", "rig", _world_fields(2), _world_parts(2), **enc)
+    good("world_two_persons", world)
+    good("world_two_persons_json_header", wire.encode("world", "rig", _world_fields(2), _world_parts(2),
+                                                      header_format="json", **enc))
+    good("world_no_persons", wire.encode("world", "rig", _world_fields(0), _world_parts(0, single=0), **enc))
+    good("world_no_cameras_in_the_window", wire.encode("world", "rig", {**_world_fields(0), "camera_frames": {}},
+                                                       _world_parts(0, single=0), **enc))
 
     # -- malformed: each must be refused with its reason, never crash a decoder ---------------
     bad("one_frame_only", [b"keypoints.cam0"], "frames")
@@ -248,6 +286,34 @@ def cases() -> list[dict[str, Any]]:
         wire.Part("boxes", np.zeros((2, 4), np.float32)), wire.Part("box_scores", np.zeros(2, np.float32)),
         wire.Part("track_ids", np.zeros(2, np.int64))], **enc), "shape")
     bad("keypoints_part_missing", wire.encode("keypoints", "cam0", _meta(), _keypoint_parts(1)[:4], **enc), "parts")
+    parts = _world_parts(2)
+    bad("world_part_missing", wire.encode("world", "rig", _world_fields(2), parts[:-1], **enc), "parts")
+    bad("world_keypoints_not_xyz", wire.encode("world", "rig", _world_fields(2), _replace(
+        parts, "world_keypoints", np.zeros((2, 308, 2), np.float32)), **enc), "shape")
+    bad("world_keypoints_disagree", wire.encode("world", "rig", _world_fields(2), _replace(
+        parts, "world_error", np.zeros((2, 307), np.float32)), **enc), "shape")
+    bad("world_persons_disagree", wire.encode("world", "rig", _world_fields(2), _replace(
+        parts, "world_ids", np.arange(3, dtype=np.int64)), **enc), "shape")
+    bad("world_valid_not_bytes", wire.encode("world", "rig", _world_fields(2), _replace(
+        parts, "world_valid", np.ones((2, 308), np.float32)), **enc), "shape")
+    bad("world_members_not_int32", wire.encode("world", "rig", _world_fields(2), _replace(
+        parts, "world_members", np.zeros((2, 3), np.int64)), **enc), "shape")
+    bad("world_cameras_do_not_match_members", wire.encode("world", "rig", _world_fields(2, cameras=["cam0", "cam1"]),
+                                                          parts, **enc), "shape")
+    bad("world_member_out_of_range", wire.encode("world", "rig", _world_fields(2), _replace(
+        parts, "world_members", np.array([[0, -2, 1], [1, 1, -1]], np.int32)), **enc), "shape")
+    bad("world_single_view_camera_out_of_range", wire.encode("world", "rig", _world_fields(2), _replace(
+        parts, "single_view", np.array([[3, 0]], np.int32)), **enc), "shape")
+    bad("world_single_view_person_negative", wire.encode("world", "rig", _world_fields(2), _replace(
+        parts, "single_view", np.array([[0, -1]], np.int32)), **enc), "shape")
+    bad("world_single_view_not_pairs", wire.encode("world", "rig", _world_fields(2), _replace(
+        parts, "single_view", np.array([0, 1], np.int32)), **enc), "shape")
+    bad("world_cameras_missing", _mutate(world, cameras=None), "field")
+    bad("world_camera_not_a_source_id", _mutate(world, cameras=["cam0", "cam 1", "side-2"]), "field")
+    bad("world_cameras_repeated", _mutate(world, cameras=["cam0", "cam0", "side-2"]), "field")
+    bad("world_camera_frames_of_another_camera", _mutate(world, camera_frames={"cam0": 40, "cam9": 41}), "field")
+    bad("world_camera_frames_negative", _mutate(world, camera_frames={"cam0": -1}), "field")
+    bad("world_units_not_a_string", _mutate(world, units=1), "field")
     bad("status_fps_not_a_number", wire.encode("status", "cam0", {**status, "fps": "fast"}, **enc), "field")
     bad("status_detector_not_a_string", wire.encode("status", "cam0", {**status, "detector": 1}, **enc), "field")
     return out

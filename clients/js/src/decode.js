@@ -10,21 +10,22 @@
  */
 
 import { WireError, show } from "./errors.js";
-import { checkFrameFields, checkStatusFields } from "./fields.js";
+import { checkFrameFields, checkStatusFields, isValidSourceId } from "./fields.js";
 import { loadHeader } from "./header.js";
 import { toMessage } from "./messages.js";
 import { decodePart } from "./parts.js";
 import { UINT64_MAX, define, equalsInt, get, has, isInt, toPlain } from "./values.js";
 
 export { REASONS, WireError } from "./errors.js";
+export { isValidSourceId } from "./fields.js";
 export { ImageHeaderError, jpegInfo, pngInfo } from "./images.js";
-export { IMAGE_PART, KEYPOINT3D_PARTS, KEYPOINT_PARTS, Keypoints3D, toMessage } from "./messages.js";
+export { IMAGE_PART, KEYPOINT3D_PARTS, KEYPOINT_PARTS, Keypoints3D, WORLD_PARTS, membersOf, toMessage } from "./messages.js";
 export { RAW_DTYPES } from "./parts.js";
 export { packFrames, unpackFrames } from "./framing.js";
 
 export const SCHEMA = "sapiens2.stream";
 export const SCHEMA_VERSION = 1;
-export const KINDS = Object.freeze(["keypoints", "frame", "seg", "matte", "status"]);
+export const KINDS = Object.freeze(["keypoints", "frame", "seg", "matte", "status", "world"]);
 export const IMAGE_KINDS = Object.freeze(["frame", "seg", "matte"]);
 export const ENCODINGS = Object.freeze(["raw", "jpeg", "png"]);
 export const DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024;
@@ -47,13 +48,7 @@ export const DEFAULT_LIMITS = Object.freeze({
   maxHeaderDepth: 4, // header -> parts -> part -> shape
 });
 
-const SOURCE_RE = /^[A-Za-z0-9_:-]{1,64}$/;
 const ascii = new TextDecoder(); // only ever given bytes < 0x80
-
-/** Whether `sourceId` can be used in a topic: 1-64 of `[A-Za-z0-9_:-]`. */
-export function isValidSourceId(sourceId) {
-  return typeof sourceId === "string" && SOURCE_RE.test(sourceId);
-}
 
 /** The defaults with `limits` laid over them. */
 export function makeLimits(limits) {
@@ -123,7 +118,7 @@ export function decode(frames, limits, expectedVersion = SCHEMA_VERSION) {
 
 /**
  * Validate and decode one multipart message into its typed record (Python's `decode_message`):
- * a KeypointsMessage, FrameMessage, SegMessage, MatteMessage or StatusMessage.
+ * a KeypointsMessage, FrameMessage, SegMessage, MatteMessage, StatusMessage or WorldMessage.
  * Throws WireError (with `.reason`) when the message is refused.
  * @param {ArrayLike<Uint8Array | ArrayBuffer>} frames
  * @param {Partial<import("../index").Limits>} [limits]

@@ -27,9 +27,15 @@ function optional(header, key, check, what) {
 }
 
 const dimension = (v) => isInt(v, 0n, TWO_31);
+const SOURCE_RE = /^[A-Za-z0-9_:-]{1,64}$/;
+
+/** Whether `sourceId` can be used in a topic: 1-64 of `[A-Za-z0-9_:-]`. */
+export function isValidSourceId(sourceId) {
+  return typeof sourceId === "string" && SOURCE_RE.test(sourceId);
+}
 
 /**
- * Every per-frame field (keypoints, frame, seg, matte); throws WireError.
+ * Every per-frame field (keypoints, frame, seg, matte, world); throws WireError.
  * @param {object} header raw header map
  */
 export function checkFrameFields(header) {
@@ -55,6 +61,30 @@ export function checkFrameFields(header) {
     optional(header, "annotated", isBool, "a boolean");
   } else if (kind === "matte") {
     optional(header, "alpha_scale", (v) => isNumber(v) && toNumber(v) > 0, "a positive number");
+  } else if (kind === "world") {
+    checkWorldFields(header);
+  }
+}
+
+/**
+ * The fields of a world message (Python's `check_world_fields`): its counts, units, the rig's
+ * cameras (distinct source ids, the column order of `world_members`) and the frame of each camera
+ * used in the step; throws WireError.
+ * @param {object} header raw header map
+ */
+export function checkWorldFields(header) {
+  for (const key of ["num_persons", "num_keypoints"]) optional(header, key, dimension, "a non-negative integer");
+  optional(header, "units", (v) => typeof v === "string" && [...v].length > 0 && [...v].length <= 16,
+    "a short string");
+  const cameras = get(header, "cameras");
+  if (!(Array.isArray(cameras) && cameras.every(isValidSourceId) && new Set(cameras).size === cameras.length)) {
+    throw new WireError(`cameras must be a list of distinct source ids, got ${show(cameras)}`);
+  }
+  // Marker keys (a bin key, "__proto__": values.js) are no source id, so never one of the cameras.
+  const known = new Set(cameras);
+  const frames = get(header, "camera_frames");
+  if (!(isMap(frames) && Object.entries(frames).every(([k, v]) => known.has(k) && isInt(v)))) {
+    throw new WireError(`camera_frames must map cameras to frame indices, got ${show(frames)}`);
   }
 }
 

@@ -1,7 +1,7 @@
 /**
  * Typed messages (Python's `sapiens2_client.messages`) and the checks that tie their parts
  * together: the five keypoint parts must all be there with agreeing N and K (and the four 3D
- * parts all or none, agreeing too).
+ * parts all or none, agreeing too); the seven world parts with agreeing N, K and cameras.
  * @module
  */
 
@@ -22,6 +22,17 @@ export const KEYPOINT3D_PARTS = Object.freeze({
   keypoints3d_valid: ["|u1", ["N", "K"]],
   root3d: ["<f4", ["N", 3]],
   root3d_valid: ["|u1", ["N"]],
+});
+
+/** A world message's parts: N persons, K keypoints, C cameras (`cameras.length`), S single-view persons. */
+export const WORLD_PARTS = Object.freeze({
+  world_keypoints: ["<f4", ["N", "K", 3]],
+  world_valid: ["|u1", ["N", "K"]],
+  world_error: ["<f4", ["N", "K"]],
+  world_views: ["|u1", ["N", "K"]],
+  world_ids: ["<i8", ["N"]],
+  world_members: ["<i4", ["N", "C"]],
+  single_view: ["<i4", ["S", 2]],
 });
 
 /** The image part of each image kind. */
@@ -48,15 +59,58 @@ function keypointArrays(arrays) {
   return { n, k, has3d: present.length > 0 };
 }
 
-function checkParts(arrays, table, sizes) {
+function checkParts(arrays, table, sizes, kind = "keypoints") {
   for (const [name, [dtype, shape]] of Object.entries(table)) {
     const array = arrays[name];
     const want = shape.map((s) => (typeof s === "string" ? sizes[s] : s));
-    if (array.dtype !== dtype || array.shape.length !== want.length || array.shape.some((s, i) => s !== want[i])) {
-      throw new WireError(`keypoints part ${show(name)} is ${show(array.shape)} ${array.dtype}, expected `
+    // An image part has no typed data here (this decoder reads no pixels): never one of these.
+    if (array.encoding !== "raw" || array.dtype !== dtype || array.shape.length !== want.length
+      || array.shape.some((s, i) => s !== want[i])) {
+      throw new WireError(`${kind} part ${show(name)} is ${show(array.shape)} ${array.dtype}, expected `
         + `${show(want)} ${dtype}`, "shape");
     }
   }
+}
+
+/**
+ * The seven world parts, dtypes and N/K/S agreeing, C = cameras.length, every index in range
+ * (members -1 or more, single-view columns 0..C-1 and persons 0 or more): Python's `_world_arrays`.
+ */
+function worldArrays(h, arrays) {
+  const missing = Object.keys(WORLD_PARTS).filter((name) => !own(arrays, name));
+  if (missing.length) throw new WireError(`world message lacks parts ${show(missing)}`, "parts");
+  const { world_ids: ids, world_keypoints: xyz, world_members: members, single_view: single } = arrays;
+  const sizes = { N: ids.shape.length === 1 ? ids.shape[0] : -1, K: xyz.shape.length === 3 ? xyz.shape[1] : -1,
+    C: h.cameras.length, S: single.shape.length === 2 ? single.shape[0] : -1 };
+  checkParts(arrays, WORLD_PARTS, sizes, "world");
+  const lowest = members.data.reduce((lo, v) => Math.min(lo, v), 0);
+  if (lowest < -1) {
+    throw new WireError(`world_members holds ${lowest}: an index is -1 (not seen) or more`, "shape");
+  }
+  for (let i = 0; i < single.data.length; i += 2) {
+    if (single.data[i] < 0 || single.data[i] >= sizes.C || single.data[i + 1] < 0) {
+      throw new WireError(`single_view holds a camera column outside 0..${sizes.C - 1} or a negative person index`,
+        "shape");
+    }
+  }
+  return sizes;
+}
+
+/**
+ * Camera -> the index of world person `person` in that camera's keypoints message, for the cameras
+ * that see them (Python's `WorldMessage.members_of`).
+ * @param {{cameras: string[], world_members: Int32Array}} world a WorldMessage
+ * @param {number} person
+ * @returns {Record<string, number>}
+ */
+export function membersOf(world, person) {
+  const c = world.cameras.length;
+  const out = {};
+  world.cameras.forEach((camera, j) => {
+    const index = world.world_members[person * c + j];
+    if (index >= 0) out[camera] = index;
+  });
+  return out;
 }
 
 /**
@@ -145,6 +199,15 @@ export function toMessage(d) {
       box_scores: a.box_scores.data, track_ids: a.track_ids.data,
       keypoints3d: has3d ? keypoints3d(h, a) : null,
       shapes: Object.fromEntries(Object.keys(KEYPOINT_PARTS).map((name) => [name, a[name].shape])),
+    };
+  }
+  if (d.kind === "world") {
+    const { N, K, S } = worldArrays(h, a);
+    return {
+      ...base, meta, num_persons: N, num_keypoints: K, num_single_view: S, units: h.units ?? "m",
+      cameras: [...h.cameras], camera_frames: numbers(h.camera_frames),
+      ...Object.fromEntries(Object.keys(WORLD_PARTS).map((part) => [part, a[part].data])),
+      shapes: Object.fromEntries(Object.keys(WORLD_PARTS).map((part) => [part, a[part].shape])),
     };
   }
   const name = IMAGE_PART[d.kind];

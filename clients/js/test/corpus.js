@@ -36,6 +36,33 @@ export function keypoints(over = {}, { parts, data, format = "msgpack" } = {}) {
   return message(keypointsHeader(parts), over, data ?? kpData(), format);
 }
 
+const i32 = (...values) => new Uint8Array(Int32Array.from(values).buffer);
+const u8 = (n, fill = 1) => new Uint8Array(n).fill(fill);
+
+/** The seven part descriptors of a world message with N=1, K=2, C=2 cameras and S=1. */
+const worldParts = () => [
+  { name: "world_keypoints", encoding: "raw", dtype: "<f4", shape: [1, 2, 3] },
+  { name: "world_valid", encoding: "raw", dtype: "|u1", shape: [1, 2] },
+  { name: "world_error", encoding: "raw", dtype: "<f4", shape: [1, 2] },
+  { name: "world_views", encoding: "raw", dtype: "|u1", shape: [1, 2] },
+  { name: "world_ids", encoding: "raw", dtype: "<i8", shape: [1] },
+  { name: "world_members", encoding: "raw", dtype: "<i4", shape: [1, 2] },
+  { name: "single_view", encoding: "raw", dtype: "<i4", shape: [1, 2] },
+];
+const worldData = (members = i32(0, -1), single = i32(1, 0)) => [f32(6), u8(2), f32(2), u8(2, 2), i64(1), members,
+  single];
+
+/** A valid world message (N=1, K=2, cameras a and b, b's person seen alone) with header `over`rides. */
+export function world(over = {}, { parts, data, format = "msgpack" } = {}) {
+  const header = {
+    schema: "sapiens2.stream", version: 1, kind: "world", source_id: "rig", frame_index: 3, pts: null, time_base: null,
+    capture_ns: CAPTURE_NS, latency_ms: { triangulate: new F(0.75) }, drops: { source: 0 }, width: 0, height: 0,
+    random_weights: false, session: 0, num_persons: 1, num_keypoints: 2, units: "m", cameras: ["a", "b"],
+    camera_frames: { a: 10 }, publish_ns: CAPTURE_NS, parts: parts ?? worldParts(),
+  };
+  return message(header, over, data ?? worldData(), format);
+}
+
 /** A valid status message with header overrides. */
 export function status(over = {}, { format = "msgpack" } = {}) {
   const header = {
@@ -396,6 +423,45 @@ export const CASES = [
     shape: [1, 1] }, new Uint8Array(1), { alpha_scale: 0 }), reason: "field" },
   { name: "matte alpha_scale 0.5", frames: image("matte", { name: "alpha", encoding: "raw", dtype: "|u1",
     shape: [1, 1] }, new Uint8Array(1), { alpha_scale: new F(0.5) }), reason: "ok" },
+  // -- world ----------------------------------------------------------------------------------
+  { name: "world valid", frames: world(), reason: "ok" },
+  { name: "world valid, JSON header", frames: world({}, { format: "json" }), reason: "ok" },
+  { name: "world without units", frames: world({ units: undefined }), reason: "ok" },
+  { name: "world units empty", frames: world({ units: "" }), reason: "field" },
+  { name: "world cameras absent", frames: world({ cameras: undefined }), reason: "field" },
+  { name: "world cameras a map", frames: world({ cameras: { a: 1 } }), reason: "field" },
+  { name: "world camera as bytes", frames: world({ cameras: ["a", bytes("b")] }), reason: "field" },
+  { name: "world camera with a dot", frames: world({ cameras: ["a", "b.c"] }), reason: "field" },
+  { name: "world cameras repeated", frames: world({ cameras: ["a", "a"] }), reason: "field" },
+  { name: "world camera_frames absent", frames: world({ camera_frames: undefined }), reason: "field" },
+  { name: "world camera_frames of a camera not in the rig", frames: world({ camera_frames: { c: 1 } }),
+    reason: "field" },
+  { name: "world camera_frames with a __proto__ key", frames: world({ camera_frames: { ["__proto__"]: 1 } }),
+    reason: "field" },
+  { name: "world camera_frames with a bytes key", frames: world({ camera_frames: new Map([[bytes("a"), 1]]) }),
+    reason: "field" },
+  { name: "world camera_frames a float", frames: world({ camera_frames: { a: new F(1) } }), reason: "field" },
+  { name: "world camera_frames 2^63-1", frames: world({ camera_frames: { a: 2n ** 63n - 1n } }), reason: "ok" },
+  { name: "world num_persons negative", frames: world({ num_persons: -1 }), reason: "field" },
+  { name: "world with a part missing", frames: world({}, { parts: worldParts().slice(0, 6),
+    data: worldData().slice(0, 6) }), reason: "parts" },
+  { name: "world with one camera more than the members' columns", frames: world({ cameras: ["a", "b", "c"] }),
+    reason: "shape" },
+  { name: "world member -2", frames: world({}, { data: worldData(i32(0, -2)) }), reason: "shape" },
+  { name: "world member 2^31-1", frames: world({}, { data: worldData(i32(2 ** 31 - 1, -1)) }), reason: "ok" },
+  { name: "world single_view column C", frames: world({}, { data: worldData(undefined, i32(2, 0)) }),
+    reason: "shape" },
+  { name: "world single_view column -1", frames: world({}, { data: worldData(undefined, i32(-1, 0)) }),
+    reason: "shape" },
+  { name: "world single_view person -1", frames: world({}, { data: worldData(undefined, i32(0, -1)) }),
+    reason: "shape" },
+  { name: "world single_view of three columns", frames: world({}, { parts: [...worldParts().slice(0, 6),
+    { name: "single_view", encoding: "raw", dtype: "<i4", shape: [1, 3] }],
+  data: [...worldData().slice(0, 6), i32(0, 0, 0)] }), reason: "shape" },
+  { name: "world valid as a PNG", frames: world({}, { parts: [worldParts()[0],
+    { name: "world_valid", encoding: "png", dtype: "|u1", shape: [1, 2] }, ...worldParts().slice(2)],
+  data: [f32(6), png(2, 1), ...worldData().slice(2)] }), reason: "shape", python: "image",
+  note: "this decoder reads no pixels: a picture is never a typed part here; Python fails on the undecodable pixels" },
   { name: "frame annotated 1", frames: image("frame", { name: "image", encoding: "raw", dtype: "|u1",
     shape: [1, 1, 3] }, new Uint8Array(3), { annotated: 1 }), reason: "field" },
 ];

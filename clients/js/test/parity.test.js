@@ -11,7 +11,7 @@ import { join } from "node:path";
 import { test } from "node:test";
 
 import { WireError, decodeMessage } from "../src/index.js";
-import { CASES, image, keypoints, status } from "./corpus.js";
+import { CASES, image, keypoints, status, world } from "./corpus.js";
 import { F } from "./pack.js";
 import { REPO_DIR, framesOf, loadVectors, mutants, needs, referencePython } from "./helpers.js";
 
@@ -92,7 +92,8 @@ test("every header field set to every kind of value: same outcome as the referen
     null, true, false, 0, 1, -1, 2 ** 31, 2 ** 31 + 1, 2n ** 63n - 1n, 2n ** 63n, -(2n ** 63n), 2n ** 64n - 1n,
     new F(0), new F(1), new F(1.5), new F(-1), new F(NaN), new F(Infinity), "", "x", "ok", "sapiens2.stream", "cam0",
     "keypoints", new TextEncoder().encode("x"), [], [1], [1, 1], [1, 0], [0, 1], [1, 2, 3], {}, { a: 1 },
-    { a: new F(1.5) }, { a: -1 }, { a: "x" }, [{ name: "x" }],
+    { a: new F(1.5) }, { a: -1 }, { a: "x" }, [{ name: "x" }], ["a", "b"], ["b", "a"], ["a", "a"], ["a", 1],
+    { a: 1, b: 2 }, { c: 1 },
   ];
   const messages = [];
   const bases = [
@@ -103,11 +104,14 @@ test("every header field set to every kind of value: same outcome as the referen
     ["frame", (over) => image("frame", { name: "image", encoding: "raw", dtype: "|u1", shape: [1, 1, 3] },
       new Uint8Array(3), over)],
     ["status event", (over, format) => status({ event: { event: "stalled", ...over } }, { format })],
+    ["world", (over, format) => world(over, { format })],
+    ["world camera_frames", (over, format) => world({ camera_frames: over }, { format })],
   ];
   const keys = ["schema", "version", "kind", "source_id", "publish_ns", "frame_index", "pts", "time_base",
     "capture_ns", "session", "latency_ms", "drops", "width", "height", "random_weights", "num_persons",
     "num_keypoints", "annotated", "alpha_scale", "fps", "health", "frames", "last_frame_index", "sent", "uptime_s",
-    "nominal_fps", "live", "event", "parts", "unknown", "time_ns", "last_frame", "reason"];
+    "nominal_fps", "live", "event", "parts", "unknown", "time_ns", "last_frame", "reason", "units", "cameras",
+    "camera_frames", "a", "b"];
   for (const [, make] of bases) {
     for (const key of keys) {
       for (const value of values) {

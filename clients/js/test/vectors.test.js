@@ -63,7 +63,30 @@ function checkTyped(msg, expect) {
   assert.equal(msg.meta.capture_ns, BigInt(expect.header.capture_ns));
   assert.equal(msg.meta.frame_index, expect.header.frame_index);
   assert.deepEqual(msg.meta.time_base, expect.header.time_base);
-  assert.equal(msg.meta.pts, BigInt(expect.header.pts));
+  assert.equal(msg.meta.pts, expect.header.pts === null ? null : BigInt(expect.header.pts));
+  if (msg.kind === "world") {
+    const [n, k] = expect.arrays.world_valid.shape;
+    assert.equal(msg.num_persons, n);
+    assert.equal(msg.num_keypoints, k);
+    assert.equal(msg.units, "m");
+    assert.deepEqual(msg.cameras, expect.header.cameras);
+    assert.deepEqual(msg.camera_frames, expect.header.camera_frames);
+    assert.deepEqual(msg.shapes.world_members, [n, msg.cameras.length]);
+    assert.ok(msg.world_keypoints instanceof Float32Array && msg.world_keypoints.length === n * k * 3);
+    assert.ok(msg.world_valid instanceof Uint8Array && msg.world_views instanceof Uint8Array);
+    assert.ok(msg.world_ids instanceof BigInt64Array && msg.world_members instanceof Int32Array);
+    assert.equal(msg.single_view.length, 2 * msg.num_single_view);
+    for (let i = 0; i < n * k; i++) { // invalid points are zeros on the wire, in every part
+      if (msg.world_valid[i]) continue;
+      assert.ok(msg.world_keypoints.subarray(3 * i, 3 * i + 3).every((v) => v === 0));
+      assert.ok(msg.world_error[i] === 0 && msg.world_views[i] === 0);
+    }
+    for (let p = 0; p < n; p++) {
+      const seen = Object.fromEntries(msg.cameras.map((c, j) => [c, msg.world_members[p * msg.cameras.length + j]])
+        .filter(([, i]) => i >= 0));
+      assert.deepEqual(node.membersOf(msg, p), seen);
+    }
+  }
   if (msg.kind === "keypoints") {
     const [n, k] = expect.arrays.keypoints.shape;
     assert.equal(msg.num_persons, n);

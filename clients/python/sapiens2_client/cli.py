@@ -34,7 +34,7 @@ from .display import no_display
 from .endpoints import check_endpoint
 from .jsonl import JsonlError, LineWriter, keypoint_record
 from .keys import CurveClientKeys, KeysError, existing_clients, make_keys
-from .messages import FrameMessage, KeypointsMessage, Message, StatusMessage
+from .messages import FrameMessage, KeypointsMessage, Message, StatusMessage, WorldMessage
 from .subscriber import ReceiveTimeout, Subscriber, SubscriberStats
 
 log = logging.getLogger("sapiens2_client")
@@ -164,6 +164,13 @@ def summary(msg: Message) -> dict[str, Any]:
                                     for person, valid in zip(k3.xyz.tolist(), k3.valid.tolist())],
                        root3d=[r if ok else None for r, ok in zip(k3.root.tolist(), k3.root_valid.tolist())],
                        keypoints3d_metric=k3.metric)
+    elif isinstance(msg, WorldMessage):  # invalid points as None, as for keypoints3d
+        out.update(persons=len(msg.world_ids), units=msg.units, cameras=msg.cameras, camera_frames=msg.camera_frames,
+                   world_ids=msg.world_ids,
+                   world_keypoints=[[p if ok else None for p, ok in zip(person, valid)]
+                                    for person, valid in zip(msg.world_keypoints.tolist(), msg.world_valid.tolist())],
+                   world_error=msg.world_error, world_views=msg.world_views, world_members=msg.world_members,
+                   single_view=msg.single_view)
     elif isinstance(msg, FrameMessage):
         out.update(shape=list(msg.image.shape))
     return _finite(out)
@@ -177,6 +184,9 @@ def line(msg: Message) -> str:
         return f"{msg.topic} health={msg.health} fps={msg.fps:.1f} frames={msg.frames} drops={msg.drops}{extra}"
     lat = sum(msg.meta.latency_ms.values())
     extra = f" persons={len(msg.boxes)}" if isinstance(msg, KeypointsMessage) else ""
+    if isinstance(msg, WorldMessage):
+        extra = (f" persons={len(msg.world_ids)} points={int(msg.world_valid.sum())}/{msg.world_valid.size} "
+                 f"cameras={len(msg.camera_frames)}/{len(msg.cameras)} single_view={len(msg.single_view)}")
     age = f" age={(time.time_ns() - msg.meta.capture_ns) / 1e6:.1f}ms" if msg.meta.capture_ns else ""
     label = " [RANDOM WEIGHTS: meaningless]" if msg.meta.random_weights else ""
     return f"{msg.topic} #{msg.meta.frame_index}{extra} latency={lat:.1f}ms{age}{label}"

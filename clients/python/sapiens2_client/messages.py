@@ -100,7 +100,40 @@ class StatusMessage:
     detector: str | None = None  # how persons are found: "yolo", "full-frame" (the whole frame is one person)
 
 
-Message = Union[KeypointsMessage, FrameMessage, SegMessage, MatteMessage, StatusMessage]
+@dataclass
+class WorldMessage:
+    """One step of a calibrated rig (docs/WIRE.md, "World keypoints"): N persons triangulated into
+    the calibration's world frame (right-handed, metres: ``units``), K keypoints each.
+
+    world_keypoints: (N, K, 3) float32 X, Y, Z, 0 where not valid; world_valid: (N, K) bool (seen
+    well by at least two views); world_error: (N, K) float32 RMS reprojection error in pixels;
+    world_views: (N, K) uint8 views used; world_ids: (N,) int64 world person ids, stable over time;
+    world_members: (N, C) int32, the person's index in the keypoints message of camera
+    ``cameras[c]`` of frame ``camera_frames[cameras[c]]``, -1 where that camera does not see them;
+    single_view: (S, 2) int32 (camera column, person index) of persons one camera alone sees.
+    """
+
+    topic: str
+    header: dict[str, Any]
+    meta: FrameMeta
+    cameras: list[str]
+    camera_frames: dict[str, int]  # camera -> its frame_index used in this step (absent: none in the window)
+    units: str
+    world_keypoints: np.ndarray
+    world_valid: np.ndarray
+    world_error: np.ndarray
+    world_views: np.ndarray
+    world_ids: np.ndarray
+    world_members: np.ndarray
+    single_view: np.ndarray
+
+    def members_of(self, person: int) -> dict[str, int]:
+        """Camera -> the index of world person ``person`` in that camera's keypoints message, for the
+        cameras that see them."""
+        return {c: int(i) for c, i in zip(self.cameras, self.world_members[person]) if i >= 0}
+
+
+Message = Union[KeypointsMessage, FrameMessage, SegMessage, MatteMessage, StatusMessage, WorldMessage]
 
 # name -> (dtype, shape in terms of N persons and K keypoints)
 KEYPOINT_PARTS = {
@@ -117,15 +150,25 @@ KEYPOINT3D_PARTS = {
     "root3d": ("<f4", ("N", 3)),
     "root3d_valid": ("|u1", ("N",)),
 }
+# a world message's parts: N persons, K keypoints, C cameras (len(cameras)), S single-view persons
+WORLD_PARTS = {
+    "world_keypoints": ("<f4", ("N", "K", 3)),
+    "world_valid": ("|u1", ("N", "K")),
+    "world_error": ("<f4", ("N", "K")),
+    "world_views": ("|u1", ("N", "K")),
+    "world_ids": ("<i8", ("N",)),
+    "world_members": ("<i4", ("N", "C")),
+    "single_view": ("<i4", ("S", 2)),
+}
 IMAGE_PART = {"frame": "image", "seg": "classes", "matte": "alpha"}
 
 
-def _check_parts(arrays: dict[str, np.ndarray], table: dict, sizes: dict[str, int]) -> None:
+def _check_parts(arrays: dict[str, np.ndarray], table: dict, sizes: dict[str, int], kind: str = "keypoints") -> None:
     for name, (dtype, shape) in table.items():
         array = arrays[name]
         want = tuple(sizes.get(s, s) for s in shape)
         if array.dtype.str != dtype or array.shape != want:
-            raise WireError(f"keypoints part {name!r} is {array.shape} {array.dtype.str}, expected {want} {dtype}",
+            raise WireError(f"{kind} part {name!r} is {array.shape} {array.dtype.str}, expected {want} {dtype}",
                             "shape")
 
 
@@ -147,6 +190,25 @@ def _keypoint_arrays(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return arrays
 
 
+def _world_arrays(header: dict[str, Any], arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The seven world parts, with their dtypes, N/K/S agreeing across parts, C = len(cameras), and
+    every index in range (members -1 or more, single-view columns 0..C-1 and persons 0 or more)."""
+    missing = [name for name in WORLD_PARTS if name not in arrays]
+    if missing:
+        raise WireError(f"world message lacks parts {missing}", "parts")
+    ids, xyz, members, single = (arrays[name] for name in ("world_ids", "world_keypoints", "world_members",
+                                                            "single_view"))
+    sizes = {"N": ids.shape[0] if ids.ndim == 1 else -1, "K": xyz.shape[1] if xyz.ndim == 3 else -1,
+             "C": len(header["cameras"]), "S": single.shape[0] if single.ndim == 2 else -1}
+    _check_parts(arrays, WORLD_PARTS, sizes, "world")
+    if members.size and members.min() < -1:
+        raise WireError(f"world_members holds {members.min()}: an index is -1 (not seen) or more", "shape")
+    if single.size and not (0 <= single[:, 0].min() and single[:, 0].max() < sizes["C"] and single[:, 1].min() >= 0):
+        raise WireError(f"single_view holds a camera column outside 0..{sizes['C'] - 1} or a negative person "
+                        "index", "shape")
+    return arrays
+
+
 def _keypoints3d(header: dict[str, Any], arrays: dict[str, np.ndarray]) -> Keypoints3D | None:
     if "keypoints3d" not in arrays:
         return None
@@ -165,6 +227,11 @@ def to_message(d: Decoded) -> Message:
         k = _keypoint_arrays(a)
         return KeypointsMessage(d.topic, h, meta, k["keypoints"], k["keypoint_scores"], k["boxes"], k["box_scores"],
                                 k["track_ids"], _keypoints3d(h, k))
+    if d.kind == "world":
+        w = _world_arrays(h, a)
+        return WorldMessage(d.topic, h, meta, list(h["cameras"]), dict(h["camera_frames"]), h.get("units", "m"),
+                            w["world_keypoints"], w["world_valid"] != 0, w["world_error"], w["world_views"],
+                            w["world_ids"], w["world_members"], w["single_view"])
     name = IMAGE_PART[d.kind]
     if name not in a:
         raise WireError(f"{d.kind} message lacks its {name!r} part", "parts")

@@ -34,13 +34,14 @@ from .messages import (
     Message,
     SegMessage,
     StatusMessage,
+    WorldMessage,
     to_message,
 )
 
 log = logging.getLogger(__name__)
 
 __all__ = ["CurveClientKeys", "FrameMessage", "KeypointsMessage", "MatteMessage", "Message", "ReceiveTimeout",
-           "SegMessage", "StatusMessage", "Subscriber", "SubscriberStats", "to_message"]
+           "SegMessage", "StatusMessage", "Subscriber", "SubscriberStats", "WorldMessage", "to_message"]
 
 _UNSET: Any = object()
 _HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
@@ -80,7 +81,7 @@ class SubscriberStats:
 class Subscriber:
     """Connects a SUB socket and yields typed messages.
 
-    topics are prefixes: a kind ("keypoints"), a kind and source ("frame.cam0") or "" for all.
+    topics are prefixes: a kind ("keypoints"), a kind and source ("frame.cam0", "world.rig") or "" for all.
     sources, when given, keeps only those exact source ids (prefix "frame.cam1" also matches
     "frame.cam10"). timeout_s=None waits forever; iterating stops when a timeout passes.
     ``strict_version=True`` raises SchemaVersionError instead of skipping such messages.

@@ -60,6 +60,17 @@ def test_good_vectors_decode_as_expected(case: dict) -> None:
         np.testing.assert_allclose(rel[ok], (k3.xyz - k3.root[:, None])[ok])
     elif expect["kind"] == "keypoints":
         assert msg.keypoints3d is None
+    if expect["kind"] == "world":
+        n, k = expect["arrays"]["world_valid"]["shape"]
+        assert msg.cameras == expect["header"]["cameras"] and msg.units == "m"
+        assert msg.camera_frames == expect["header"]["camera_frames"]
+        assert msg.world_keypoints.shape == (n, k, 3) and msg.world_valid.dtype == bool
+        assert msg.world_members.shape == (n, len(msg.cameras)) and msg.single_view.shape[1:] == (2,)
+        invalid = ~msg.world_valid  # invalid points are zeros on the wire, in every part
+        assert not msg.world_keypoints[invalid].any() and not msg.world_error[invalid].any()
+        assert not msg.world_views[invalid].any() and (msg.world_views[msg.world_valid] >= 2).all()
+        for p in range(n):
+            assert msg.members_of(p) == {c: int(i) for c, i in zip(msg.cameras, msg.world_members[p]) if i >= 0}
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if "error" in c], ids=lambda c: c["name"])

@@ -170,6 +170,10 @@ function optional(header, key, check, what) {
   }
 }
 var dimension = (v) => isInt(v, 0n, TWO_31);
+var SOURCE_RE = /^[A-Za-z0-9_:-]{1,64}$/;
+function isValidSourceId(sourceId) {
+  return typeof sourceId === "string" && SOURCE_RE.test(sourceId);
+}
 function checkFrameFields(header) {
   if (!isInt(get(header, "frame_index"))) {
     throw new WireError(`${show(get(header, "kind"))} header lacks an integer frame_index`);
@@ -193,6 +197,26 @@ function checkFrameFields(header) {
     optional(header, "annotated", isBool, "a boolean");
   } else if (kind === "matte") {
     optional(header, "alpha_scale", (v) => isNumber(v) && toNumber(v) > 0, "a positive number");
+  } else if (kind === "world") {
+    checkWorldFields(header);
+  }
+}
+function checkWorldFields(header) {
+  for (const key of ["num_persons", "num_keypoints"]) optional(header, key, dimension, "a non-negative integer");
+  optional(
+    header,
+    "units",
+    (v) => typeof v === "string" && [...v].length > 0 && [...v].length <= 16,
+    "a short string"
+  );
+  const cameras = get(header, "cameras");
+  if (!(Array.isArray(cameras) && cameras.every(isValidSourceId) && new Set(cameras).size === cameras.length)) {
+    throw new WireError(`cameras must be a list of distinct source ids, got ${show(cameras)}`);
+  }
+  const known = new Set(cameras);
+  const frames = get(header, "camera_frames");
+  if (!(isMap(frames) && Object.entries(frames).every(([k, v]) => known.has(k) && isInt(v)))) {
+    throw new WireError(`camera_frames must map cameras to frame indices, got ${show(frames)}`);
   }
 }
 function checkStatusFields(header) {
@@ -1435,6 +1459,15 @@ var KEYPOINT3D_PARTS = Object.freeze({
   root3d: ["<f4", ["N", 3]],
   root3d_valid: ["|u1", ["N"]]
 });
+var WORLD_PARTS = Object.freeze({
+  world_keypoints: ["<f4", ["N", "K", 3]],
+  world_valid: ["|u1", ["N", "K"]],
+  world_error: ["<f4", ["N", "K"]],
+  world_views: ["|u1", ["N", "K"]],
+  world_ids: ["<i8", ["N"]],
+  world_members: ["<i4", ["N", "C"]],
+  single_view: ["<i4", ["S", 2]]
+});
 var IMAGE_PART = Object.freeze({ frame: "image", seg: "classes", matte: "alpha" });
 var own = (obj, key) => Object.prototype.hasOwnProperty.call(obj, key);
 var big = (v) => typeof v === "bigint" ? v : BigInt(v);
@@ -1454,14 +1487,48 @@ function keypointArrays(arrays) {
   if (present.length) checkParts(arrays, KEYPOINT3D_PARTS, sizes);
   return { n, k, has3d: present.length > 0 };
 }
-function checkParts(arrays, table, sizes) {
+function checkParts(arrays, table, sizes, kind = "keypoints") {
   for (const [name, [dtype, shape]] of Object.entries(table)) {
     const array = arrays[name];
     const want = shape.map((s) => typeof s === "string" ? sizes[s] : s);
-    if (array.dtype !== dtype || array.shape.length !== want.length || array.shape.some((s, i) => s !== want[i])) {
-      throw new WireError(`keypoints part ${show(name)} is ${show(array.shape)} ${array.dtype}, expected ${show(want)} ${dtype}`, "shape");
+    if (array.encoding !== "raw" || array.dtype !== dtype || array.shape.length !== want.length || array.shape.some((s, i) => s !== want[i])) {
+      throw new WireError(`${kind} part ${show(name)} is ${show(array.shape)} ${array.dtype}, expected ${show(want)} ${dtype}`, "shape");
     }
   }
+}
+function worldArrays(h, arrays) {
+  const missing = Object.keys(WORLD_PARTS).filter((name) => !own(arrays, name));
+  if (missing.length) throw new WireError(`world message lacks parts ${show(missing)}`, "parts");
+  const { world_ids: ids, world_keypoints: xyz, world_members: members, single_view: single } = arrays;
+  const sizes = {
+    N: ids.shape.length === 1 ? ids.shape[0] : -1,
+    K: xyz.shape.length === 3 ? xyz.shape[1] : -1,
+    C: h.cameras.length,
+    S: single.shape.length === 2 ? single.shape[0] : -1
+  };
+  checkParts(arrays, WORLD_PARTS, sizes, "world");
+  const lowest = members.data.reduce((lo, v) => Math.min(lo, v), 0);
+  if (lowest < -1) {
+    throw new WireError(`world_members holds ${lowest}: an index is -1 (not seen) or more`, "shape");
+  }
+  for (let i = 0; i < single.data.length; i += 2) {
+    if (single.data[i] < 0 || single.data[i] >= sizes.C || single.data[i + 1] < 0) {
+      throw new WireError(
+        `single_view holds a camera column outside 0..${sizes.C - 1} or a negative person index`,
+        "shape"
+      );
+    }
+  }
+  return sizes;
+}
+function membersOf(world, person) {
+  const c = world.cameras.length;
+  const out = {};
+  world.cameras.forEach((camera, j) => {
+    const index = world.world_members[person * c + j];
+    if (index >= 0) out[camera] = index;
+  });
+  return out;
 }
 var Keypoints3D = class {
   constructor(xyz, valid, root, rootValid, metric) {
@@ -1561,6 +1628,21 @@ function toMessage(d) {
       track_ids: a.track_ids.data,
       keypoints3d: has3d ? keypoints3d(h, a) : null,
       shapes: Object.fromEntries(Object.keys(KEYPOINT_PARTS).map((name2) => [name2, a[name2].shape]))
+    };
+  }
+  if (d.kind === "world") {
+    const { N, K, S } = worldArrays(h, a);
+    return {
+      ...base,
+      meta,
+      num_persons: N,
+      num_keypoints: K,
+      num_single_view: S,
+      units: h.units ?? "m",
+      cameras: [...h.cameras],
+      camera_frames: numbers(h.camera_frames),
+      ...Object.fromEntries(Object.keys(WORLD_PARTS).map((part2) => [part2, a[part2].data])),
+      shapes: Object.fromEntries(Object.keys(WORLD_PARTS).map((part2) => [part2, a[part2].shape]))
     };
   }
   const name = IMAGE_PART[d.kind];
@@ -1770,7 +1852,7 @@ function unpackFrames(data, { maxFrames = 18, maxBytes = 64 * 1024 * 1024 + 4 * 
 // src/decode.js
 var SCHEMA = "sapiens2.stream";
 var SCHEMA_VERSION = 1;
-var KINDS = Object.freeze(["keypoints", "frame", "seg", "matte", "status"]);
+var KINDS = Object.freeze(["keypoints", "frame", "seg", "matte", "status", "world"]);
 var IMAGE_KINDS = Object.freeze(["frame", "seg", "matte"]);
 var ENCODINGS = Object.freeze(["raw", "jpeg", "png"]);
 var DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024;
@@ -1790,11 +1872,7 @@ var DEFAULT_LIMITS = Object.freeze({
   maxHeaderDepth: 4
   // header -> parts -> part -> shape
 });
-var SOURCE_RE = /^[A-Za-z0-9_:-]{1,64}$/;
 var ascii = new TextDecoder();
-function isValidSourceId(sourceId) {
-  return typeof sourceId === "string" && SOURCE_RE.test(sourceId);
-}
 function makeLimits(limits) {
   return limits ? Object.freeze({ ...DEFAULT_LIMITS, ...limits }) : DEFAULT_LIMITS;
 }
@@ -1872,12 +1950,14 @@ export {
   REASONS,
   SCHEMA,
   SCHEMA_VERSION,
+  WORLD_PARTS,
   WireError,
   decode,
   decodeMessage,
   isValidSourceId,
   jpegInfo,
   makeLimits,
+  membersOf,
   packFrames,
   pngInfo,
   ptsSeconds,
