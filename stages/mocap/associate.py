@@ -53,42 +53,52 @@ def essential(a: Camera, b: Camera) -> np.ndarray:
     return tx @ rotation
 
 
-def pair_costs(a: View, b: View, spec: Association) -> np.ndarray:
-    """(Na, Nb) mean symmetric epipolar distance in pixels; _REFUSED where too few keypoints are shared."""
-    na, nb = len(a.scores), len(b.scores)
-    if na == 0 or nb == 0:
-        return np.zeros((na, nb))
-    e = essential(a.camera, b.camera)
-    xa = np.concatenate([a.normalised, np.ones((*a.normalised.shape[:2], 1))], axis=-1)  # (Na, K, 3)
-    xb = np.concatenate([b.normalised, np.ones((*b.normalised.shape[:2], 1))], axis=-1)  # (Nb, K, 3)
-    lines_b = xa @ e.T  # (Na, K, 3): epipolar lines in b of a's points
-    lines_a = xb @ e  # (Nb, K, 3): epipolar lines in a of b's points
-    algebraic = np.einsum("ikc,jkc->ijk", lines_b, xb)  # (Na, Nb, K): x_b^T E x_a
-    norm_b = np.hypot(lines_b[..., 0], lines_b[..., 1])[:, None, :]  # (Na, 1, K)
-    norm_a = np.hypot(lines_a[..., 0], lines_a[..., 1])[None, :, :]  # (1, Nb, K)
-    fa = float(np.mean(np.diag(a.camera.matrix)[:2]))
-    fb = float(np.mean(np.diag(b.camera.matrix)[:2]))
+def all_pair_costs(views: Sequence[View], spec: Association) -> dict[tuple[int, int], np.ndarray]:
+    """(u, v) -> (Nu, Nv) mean symmetric epipolar distance in pixels for every pair of views u < v;
+    _REFUSED where too few keypoints are shared. One batched computation over all pairs (the
+    persons padded to the most any view has): the per-pair loop cost more in numpy calls than in
+    arithmetic."""
+    c = len(views)
+    sizes = [len(v.scores) for v in views]
+    n = max(sizes, default=0)
+    if c < 2 or n == 0:
+        return {(u, v): np.zeros((sizes[u], sizes[v])) for u in range(c) for v in range(u + 1, c)}
+    k = views[0].scores.shape[1]
+    points = np.ones((c, n, k, 3))
+    good = np.zeros((c, n, k), bool)
+    for i, view in enumerate(views):
+        points[i, :sizes[i], :, :2] = view.normalised
+        good[i, :sizes[i]] = view.scores >= spec.min_score
+    us, vs = np.triu_indices(c, 1)  # (Q,) the pairs
+    e = np.stack([essential(views[u].camera, views[v].camera) for u, v in zip(us, vs)])  # (Q, 3, 3)
+    focal = np.array([np.mean(np.diag(view.camera.matrix)[:2]) for view in views])
+    pu, pv = points[us], points[vs]  # (Q, n, K, 3)
+    # (plain matmuls of (n K, 3) by (3, 3) per pair and elementwise products: einsum's generic loop cost 10x)
+    lines_v = (pu.reshape(len(us), n * k, 3) @ np.swapaxes(e, 1, 2)).reshape(pu.shape)  # lines in v of u's points
+    lines_u = (pv.reshape(len(us), n * k, 3) @ e).reshape(pv.shape)  # (Q, n, K, 3): lines in u of v's points
+    algebraic = sum(lines_v[:, :, None, :, i] * pv[:, None, :, :, i] for i in range(3))  # (Q, n, n, K): x_v^T E x_u
+    norm_v = np.hypot(lines_v[..., 0], lines_v[..., 1])[:, :, None, :]  # (Q, n, 1, K)
+    norm_u = np.hypot(lines_u[..., 0], lines_u[..., 1])[:, None, :, :]  # (Q, 1, n, K)
     with np.errstate(divide="ignore", invalid="ignore"):
-        distance = 0.5 * np.abs(algebraic) * (fb / norm_b + fa / norm_a)  # (Na, Nb, K) pixels
-    both = (a.scores[:, None, :] >= spec.min_score) & (b.scores[None, :, :] >= spec.min_score) & \
-        np.isfinite(distance)
+        distance = 0.5 * np.abs(algebraic) * (focal[vs][:, None, None, None] / norm_v +
+                                              focal[us][:, None, None, None] / norm_u)  # (Q, n, n, K) pixels
+    both = good[us][:, :, None, :] & good[vs][:, None, :, :] & np.isfinite(distance)
     count = both.sum(axis=-1)
     mean = np.where(both, distance, 0.0).sum(axis=-1) / np.maximum(count, 1)
-    return np.where(count >= spec.min_common, mean, _REFUSED)
+    cost = np.where(count >= spec.min_common, mean, _REFUSED)  # (Q, n, n)
+    return {(int(u), int(v)): cost[q, :sizes[u], :sizes[v]] for q, (u, v) in enumerate(zip(us, vs))}
 
 
 def associate(views: Sequence[View], spec: Association = Association()) -> list[dict[int, int]]:
     """Group the persons of the views: a list of groups, each {view index: person index}, in the
     order they were formed (groups of one camera included: the caller reports them as single-view)."""
     groups: list[dict[int, int]] = []
-    costs: dict[tuple[int, int], np.ndarray] = {}
+    costs = all_pair_costs(views, spec)
     for v, view in enumerate(views):
         n = len(view.scores)
         if n == 0:
             continue
         if groups:
-            for u in {u for g in groups for u in g}:
-                costs[u, v] = pair_costs(views[u], view, spec)
             table = np.full((len(groups), n), _REFUSED)
             for g, group in enumerate(groups):
                 rows = np.array([costs[u, v][i] for u, i in group.items()])  # (members, n)

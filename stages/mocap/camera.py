@@ -131,8 +131,9 @@ class Camera:
         if self.fisheye:
             out = cv2.fisheye.undistortPoints(flat, self.matrix, self.dist)
         else:
-            criteria = (cv2.TERM_CRITERIA_COUNT | cv2.TERM_CRITERIA_EPS, 20, 1e-9)
-            out = cv2.undistortPoints(flat, self.matrix, self.dist, None, None, None, criteria)
+            # Ten fixed-point iterations: 3e-5 px from exact at k1 = -0.3 (OpenCV's default five leave
+            # 0.05 px there); an EPS criterion would reproject every iteration, at three times the cost.
+            out = cv2.undistortPoints(flat, self.matrix, self.dist, None, None, None, (cv2.TERM_CRITERIA_COUNT, 10, 0))
         return out.reshape(pixels.shape)
 
     def with_pose(self, rvec: np.ndarray, tvec: np.ndarray) -> Camera:

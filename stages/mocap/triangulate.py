@@ -62,22 +62,25 @@ def solve_dlt(extrinsics: np.ndarray, normalised: np.ndarray, weights: np.ndarra
     Each view gives two equations (x P3 - P1) . [X, 1] = 0 and (y P3 - P2) . [X, 1] = 0, scaled by
     its weight; their 3x3 normal equations are solved in closed form (the adjugate), all points at
     once: no per-point LAPACK call (a batched eigh of the 4x4 homogeneous form cost 10x more)."""
-    r1, r2, r3 = extrinsics[None, :, 0], extrinsics[None, :, 1], extrinsics[None, :, 2]  # (1, C, 4)
-    w = weights[..., None]  # (N, C, 1)
-    rows = np.concatenate([(normalised[..., 0:1] * r3 - r1) * w, (normalised[..., 1:2] * r3 - r2) * w], axis=1)  # (N, 2C, 4)
-    a, b = rows[..., :3], -rows[..., 3]  # (N, 2C, 3), (N, 2C)
-    at = np.swapaxes(a, 1, 2)  # (N, 3, 2C)
-    m = at @ a  # (N, 3, 3)
-    v = (at @ b[..., None])[..., 0]  # (N, 3)
-    # the adjugate of the symmetric m
-    m00, m01, m02, m11, m12, m22 = m[:, 0, 0], m[:, 0, 1], m[:, 0, 2], m[:, 1, 1], m[:, 1, 2], m[:, 2, 2]
+    w = weights  # (N, C)
+    x, y = normalised[..., 0], normalised[..., 1]  # (N, C)
+    # the rows' coefficients of X, Y, Z, 1: (x P3 - P1) and (y P3 - P2), each scaled by its weight
+    ax = [w * (x * extrinsics[None, :, 2, j] - extrinsics[None, :, 0, j]) for j in range(4)]  # 4 x (N, C)
+    ay = [w * (y * extrinsics[None, :, 2, j] - extrinsics[None, :, 1, j]) for j in range(4)]
+
+    def dot(i: int, j: int) -> np.ndarray:  # sum over the views' rows of coefficient i times coefficient j
+        return (ax[i] * ax[j] + ay[i] * ay[j]).sum(axis=1)  # (N,)
+
+    # elementwise sums: a batched matmul of (N, 3, 2C) by (N, 2C, 3) costs more than all of them here
+    m00, m01, m02, m11, m12, m22 = dot(0, 0), dot(0, 1), dot(0, 2), dot(1, 1), dot(1, 2), dot(2, 2)
+    v0, v1, v2 = -dot(0, 3), -dot(1, 3), -dot(2, 3)
+    # the adjugate of the symmetric normal matrix
     c00, c01, c02 = m11 * m22 - m12 * m12, m02 * m12 - m01 * m22, m01 * m12 - m02 * m11
     c11, c12, c22 = m00 * m22 - m02 * m02, m01 * m02 - m00 * m12, m00 * m11 - m01 * m01
     det = m00 * c00 + m01 * c01 + m02 * c02
     scale = m00 + m11 + m22  # singular relative to the system's own size (trace^3)
     ok = np.abs(det) > 1e-12 * scale ** 3
     inv_det = np.where(ok, 1.0 / np.where(ok, det, 1.0), 0.0)
-    v0, v1, v2 = v[:, 0], v[:, 1], v[:, 2]
     return np.stack([c00 * v0 + c01 * v1 + c02 * v2, c01 * v0 + c11 * v1 + c12 * v2,
                      c02 * v0 + c12 * v1 + c22 * v2], axis=-1) * inv_det[:, None], ok
 
