@@ -42,21 +42,17 @@ from torch import Tensor
 
 from stages.detector import ByteTracker, carry_boxes
 from stages.keypoints3d import Lift, lift, smooth3d
-from stages.sapiens2.estimators import NonFiniteOutputError
 from stages.sapiens2.preprocess import to_device_image, upload
 from stages.smoothing import KeypointSmoother
 from stages.types import Detections, Frame, FrameResult, Keypoints, Keypoints3D, Matte
 
+from .fallback import DENSE_STREAMS, MAPS_3D, PrecisionFallback
 from .lanes import Carry, Clock, FrameWork, Lanes, Pending, SourceState, all_finite
 from .stages_setup import Stages
 
 log = logging.getLogger(__name__)
 
-DENSE_STREAMS = (("seg", "seg"), ("matting", "matting"), ("normal", "dense"), ("pointmap", "dense"))
-MAPS_3D = ("pointmap", "seg", "matting")  # the device maps the 3D step reads (segmentation/matte: on the person)
-
-
-class FrameEngine:
+class FrameEngine(PrecisionFallback):
     """Runs the configured stages on steps of frames, overlapping the stages on CUDA streams."""
 
     def __init__(self, stages: Stages, kpt_threshold: float = 0.3, detect_every: int = 1,
@@ -341,56 +337,5 @@ class FrameEngine:
                                                     self.keypoints3d.hips)
         return Keypoints3D(xyz, valid, root, root_valid, self.metric3d)
 
-    def _ensure_finite(self, pending: Pending) -> None:
-        """Every stage's flag; in float16 a failing stage falls back to bfloat16 and runs again."""
-        for name in [k for k in pending.outputs if k.endswith(".finite")]:
-            if bool(pending.outputs[name]):
-                continue
-            task = name.split(".")[0]
-            est = self.stages.estimators[task]
-            ran = pending.dtypes.get(task, est.model.dtype)  # a pipelined step may have run before a switch
-            if ran != torch.float16:
-                advice = ("check the checkpoint: its weights hold NaN/Inf, or it is not a Sapiens2 checkpoint of "
-                          "this task" if ran == torch.float32 else "check the checkpoint, or try --dtype float32")
-                raise NonFiniteOutputError(f"{task}: the model produced non-finite values (NaN/Inf) in "
-                                           f"{str(ran)[6:]}; {advice}")
-            if est.model.dtype == torch.float16:
-                log.warning("%s: float16 overflowed (non-finite output); this stage runs in bfloat16 from now on", task)
-                self._switch_to_bfloat16(task)
-            redo = Pending(pending.frames, Clock(self.device))
-            stream_of = dict(DENSE_STREAMS)
-            with torch.inference_mode():
-                if task == "pose":
-                    self._pose(redo, None, redo=True)
-                else:
-                    self._dense(redo, task, stream_of[task], None, redo=True)
-                    if self.keypoints3d is not None and task in MAPS_3D and "pose.xy" in pending.outputs:
-                        redo.wait()  # the 3D step again, on the new maps and this step's keypoints
-                        with_persons = [w for w in pending.frames if len(w.detections)]
-                        with self.lanes.use("pose"):  # allocated on the stream that uses them
-                            xy, scores = (pending.outputs[k].to(self.device) for k in ("pose.xy", "pose.scores"))
-                            self._lift(redo, with_persons, xy, scores)
-            redo.wait()
-            if not bool(redo.outputs[name]):
-                raise NonFiniteOutputError(f"{task}: non-finite output in float16 and in bfloat16; "
-                                           "check the checkpoint, or try --dtype float32")
-            pending.outputs.update(redo.outputs)
-            for work, again in zip(pending.frames, redo.frames):
-                work.outputs.update(again.outputs)
-
-    def _switch_to_bfloat16(self, task: str) -> None:
-        """The weights change dtype only when no stream reads them: a step already queued in float16 still
-        runs on them, and the memory the old weights free must not be handed to the new ones meanwhile.
-        A warmed-up engine warms the stage up again (compiled graphs and CUDA graphs of the new dtype are
-        made now, once, not frame by frame as each shape first comes)."""
-        if self.cuda:
-            torch.cuda.synchronize(self.device)
-        self.stages.estimators[task].set_dtype(torch.bfloat16)
-        if self._warmed is not None:
-            self._warm(task)
-        if self.cuda:
-            torch.cuda.synchronize(self.device)
-        if self.on_precision_change is not None:
-            self.on_precision_change()
 
 __all__ = ["Clock", "FrameEngine", "Pending", "Stages", "all_finite"]
