@@ -85,20 +85,25 @@ def trc_paths(path: str | Path, ids: list[int]) -> dict[int, Path]:
     return {i: path.with_name(f"{path.stem}_P{i}{path.suffix}") for i in ids}
 
 
-def _trc_header(out: TextIO, path: Path, names: list[str], steps: int, rate: float) -> None:
+def _trc_header(out: TextIO, path: Path, names: list[str], steps: int, rate: float, camera_rate: float) -> None:
     out.write(f"PathFileType\t4\t(X/Y/Z)\t{path.name}\n")
     out.write("DataRate\tCameraRate\tNumFrames\tNumMarkers\tUnits\tOrigDataRate\tOrigDataStartFrame\tOrigNumFrames\n")
-    out.write(f"{rate:.2f}\t{rate:.2f}\t{steps}\t{len(names)}\tm\t{rate:.2f}\t1\t{steps}\n")
+    out.write(f"{rate:.2f}\t{camera_rate:.2f}\t{steps}\t{len(names)}\tm\t{rate:.2f}\t1\t{steps}\n")
     out.write("Frame#\tTime\t" + "\t".join(f"{n}\t\t" for n in names).rstrip("\t") + "\n")
     out.write("\t\t" + "\t".join(f"X{i}\tY{i}\tZ{i}" for i in range(1, len(names) + 1)) + "\n")
     out.write("\n")
 
 
-def write_trc(world_jsonl: str | Path, path: str | Path, up: str = "y", rate: float | None = None) -> list[Path]:
+def write_trc(world_jsonl: str | Path, path: str | Path, up: str = "y", rate: float | None = None,
+              camera_rate: float | None = None) -> list[Path]:
     """TRC files of every person of a world file (see the module docstring); returns the paths written.
-    Each is written to ``.part`` and renamed when whole: a failed export leaves no torn TRC."""
+    DataRate is ``rate`` or the steps' own (the median interval: a live run that dropped frames has
+    fewer steps than its cameras' frames); CameraRate is ``camera_rate`` (the cameras' nominal fps)
+    or the same. Each file is written to ``.part`` and renamed when whole: a failed export leaves
+    no torn TRC."""
     info = survey(world_jsonl)
     rate = rate or info.rate
+    camera_rate = camera_rate or rate
     names = _names(info.num_keypoints)
     paths = trc_paths(path, info.ids)
     files: dict[int, TextIO] = {}
@@ -106,7 +111,7 @@ def write_trc(world_jsonl: str | Path, path: str | Path, up: str = "y", rate: fl
         for pid, target in paths.items():
             target.parent.mkdir(parents=True, exist_ok=True)
             files[pid] = target.with_name(target.name + ".part").open("w", encoding="ascii", newline="\n")
-            _trc_header(files[pid], target, names, info.steps, rate)
+            _trc_header(files[pid], target, names, info.steps, rate, camera_rate)
         empty = "\t".join([""] * (3 * len(names)))
         for row, record in enumerate(read_world(world_jsonl), start=1):
             time_s = float(record.get("time_s", 0.0)) - info.first_s

@@ -63,9 +63,10 @@ class TrcExport:
         self._spool = WorldWriter(self.source) if self._own else None
         self.steps = 0
         self.written: list[Path] = []
+        self.camera_rate: float | None = None  # the cameras' nominal fps (the TRC's CameraRate)
 
     def open(self, info: StreamInfo) -> None:
-        pass
+        self.camera_rate = self.camera_rate or info.fps
 
     def write(self, result: FrameResult) -> None:
         pass
@@ -80,7 +81,7 @@ class TrcExport:
             self._spool.close()
         try:
             if self.steps and self.source.exists():
-                self.written = write_trc(self.source, self.path, self.up)
+                self.written = write_trc(self.source, self.path, self.up, camera_rate=self.camera_rate)
                 for path in self.written:
                     log.info("wrote %s (%d steps)", path, self.steps)
         finally:
