@@ -212,3 +212,26 @@ def test_the_rig_file_round_trips_and_refuses_sources_it_lacks(tmp_path) -> None
         write_rig(rig, path)
     with pytest.raises(CalibrationError, match=r"no camera named 'door'.*'cam1', 'cam2', 'cam3'"):
         back.check_sources(["cam1", "door"], path)
+
+
+def test_world_smoothing_steadies_a_still_person_and_never_publishes_held_points() -> None:
+    rig = ring_rig(3, radius=3.5)
+    still = _people(0.0, [base_skeleton(0)])
+    plain, smooth = _world_step(rig), _world_step(rig, world_smooth=True, world_smooth_beta=0.0)
+    rng = np.random.default_rng(8)
+    tracks: dict[str, list[np.ndarray]] = {"plain": [], "smooth": []}
+    for i in range(30):
+        observed = observe(rig, still, rng, noise_px=2.0, miss=0.0)
+        if i == 20:  # the face is hidden from two cameras for one step: no view pair, no point, smoothed or not
+            for name in ("cam2", "cam3"):
+                det, kp = observed[name]
+                scores = kp.scores.copy()
+                scores[:, 70:] = 0.0
+                observed[name] = (det, Keypoints(kp.xy, scores))
+        for key, step in (("plain", plain), ("smooth", smooth)):
+            world = step(_results(observed, i))
+            if i == 20:
+                assert not world.valid[0, 70:].any() and (world.xyz[0, 70:] == 0).all()
+            tracks[key].append(np.where(world.valid[0][:, None], world.xyz[0], np.nan))
+    jitter = {k: np.nanmean(np.linalg.norm(np.diff(np.stack(v)[10:], axis=0), axis=-1)) for k, v in tracks.items()}
+    assert jitter["smooth"] < 0.5 * jitter["plain"], jitter
