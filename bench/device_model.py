@@ -134,7 +134,7 @@ def _decoded(task: str, est, image_t: torch.Tensor, boxes_t: torch.Tensor) -> tu
     with torch.inference_mode():
         if task == "pose":
             raw = est.infer(est.preprocess(image_t, boxes_t), len(boxes_t))
-            xy, scores = est.run_batch([image_t], [boxes_t])
+            xy, scores, _ = est.run_batch([image_t], [boxes_t])
             return raw.float(), {"xy": xy.float(), "scores": scores.float()}
         raw, _ = est.infer(est.preprocess(image_t))
         outputs, _ = est.run_batch([image_t])

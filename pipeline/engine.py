@@ -23,11 +23,12 @@ the same step: segmentation or matte decide what is on the person), batched over
 keypoints (stages.keypoints3d). With ``pointmap_every > 1`` a source's pointmap forward runs on
 every N-th frame and the frames between sample the map kept from the last one.
 
-Non-finite outputs: every output tensor of every stage (pose keypoints and scores, pointmap scale,
-...) is checked on the device; the flag travels with the results. In float16, a stage whose output
-is not finite falls back to bfloat16 (said once) and the step's stage is computed again; in other
-dtypes, or when bfloat16 does not help, the run stops with NonFiniteOutputError. Nothing
-non-finite is passed on.
+Non-finite outputs: every stage's raw model outputs (pose heatmaps, dense maps, pointmap scale) and
+its decoded ones (keypoints and scores before they are clamped to the image, mattes, normals) are
+checked on the device; the flag travels with the results. In float16, a stage whose output is not
+finite falls back to bfloat16 (said once) and the step's stage is computed again; in other dtypes,
+or when bfloat16 does not help, the run stops with NonFiniteOutputError. Nothing non-finite is
+passed on.
 """
 
 from __future__ import annotations
@@ -247,7 +248,9 @@ class FrameEngine(PrecisionFallback):
                     wh.append(upload(np.tile(np.float32([work.frame.width, work.frame.height]), (n, 1)),
                                      self.device, self.pinned))
             boxes_t, wh_t = torch.cat([w.boxes for w in with_persons]), torch.cat(wh)  # (P, 4), (P, 2)
-            xy, scores = pose.run_batch([w.image for w in with_persons], [w.boxes for w in with_persons])
+            xy, scores, checked = pose.run_batch([w.image for w in with_persons], [w.boxes for w in with_persons])
+            # Checked before the clamp below, which would turn an Inf into the image's edge.
+            finite = all_finite(checked)
             # Crops extend 25% beyond the box, so the model may place a keypoint off-image; the
             # stream's consumers get in-frame coordinates (the score says how sure it is).
             xy = torch.minimum(xy.clamp(min=0.0), (wh_t - 1.0)[:, None, :])  # (P, K, 2)
@@ -259,7 +262,7 @@ class FrameEngine(PrecisionFallback):
                         state = self.state(work.frame.source_id)
                         state.carry = Carry(carried[work.persons], work.detections.scores,
                                             work.detections.track_ids)
-            self.lanes.download(pending, pending.outputs, "pose.finite", all_finite([xy, scores]), "pose")
+            self.lanes.download(pending, pending.outputs, "pose.finite", finite, "pose")
             self.lanes.download(pending, pending.outputs, "pose.xy", xy, "pose")
             self.lanes.download(pending, pending.outputs, "pose.scores", scores, "pose")
             self.lanes.download(pending, pending.outputs, "pose.boxes", boxes_t, "pose")

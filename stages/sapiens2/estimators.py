@@ -179,17 +179,20 @@ class PoseEstimator(_Estimator):
         return decode_pose(heatmaps, boxes, self.input_size, self.blur_kernel, self.padding, self.max_refine_offset)
 
     @torch.inference_mode()
-    def run_batch(self, images: list[Tensor], boxes: list[Tensor]) -> tuple[Tensor, Tensor]:
+    def run_batch(self, images: list[Tensor], boxes: list[Tensor]) -> tuple[Tensor, Tensor, list[Tensor]]:
         """Persons of several frames in one forward: images (3, H, W) uint8 and their boxes (n_i, 4)
-        -> keypoints (sum n_i, K, 2) image pixels and scores (sum n_i, K), frames in order."""
+        -> keypoints (sum n_i, K, 2) image pixels, scores (sum n_i, K), frames in order, and every
+        tensor to check for non-finite values: the raw heatmaps too (decoding hides a -Inf, which
+        the blur-and-log refinement clamps, and a caller's clamp to the image hides an Inf)."""
         crops = torch.cat([crop_persons(image, b, self.input_size, self.padding, self.crop_sampling)
                            for image, b in zip(images, boxes)])
         n = crops.shape[0]
         pad = bucket(n) - n if n and self.buckets else 0
         if pad:
             crops = torch.cat((crops, crops.new_zeros(pad, *crops.shape[1:])))
-        heatmaps = self.infer(crops, n)
-        return self.postprocess(heatmaps, torch.cat(boxes))
+        heatmaps = self.infer(crops, n)  # (n, K, h/4, w/4): the persons' rows, flip test averaged in
+        xy, scores = self.postprocess(heatmaps, torch.cat(boxes))
+        return xy, scores, [heatmaps, xy, scores]
 
     @torch.inference_mode()
     def predict(self, image: np.ndarray, boxes: np.ndarray) -> Keypoints:
@@ -199,8 +202,8 @@ class PoseEstimator(_Estimator):
         boxes_t = torch.as_tensor(boxes, device=self.device)
         heatmaps = self.infer(self.preprocess(image_t, boxes_t), len(boxes))
         xy, scores = self.postprocess(heatmaps, boxes_t)
-        check_finite(xy, "pose")
-        check_finite(scores, "pose")
+        for tensor in (heatmaps, xy, scores):
+            check_finite(tensor, "pose")
         return Keypoints(xy.cpu().numpy(), scores.cpu().numpy())
 
 
