@@ -2,8 +2,9 @@
 
 For two cameras a and b, the cost of pairing person i of a with person j of b is the mean
 symmetric epipolar distance, in pixels, of their keypoints that both views see with a good score
-(a point of a lies on its epipolar line in b when they are the same point; the distance is
-measured in normalised coordinates and scaled by each camera's focal length). Fewer than
+(70 keypoints spread over the body: ``compared_keypoints``; a point of a lies on its epipolar line
+in b when they are the same point; the distance is measured in normalised coordinates and scaled
+by each camera's focal length). Fewer than
 ``min_common`` such keypoints: no pairing.
 
 Cameras are taken in order; each keeps a set of groups (world persons being formed). A camera's
@@ -21,9 +22,24 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
+from stages.metadata import load_metadata
+
 from .camera import Camera
 
 _REFUSED = 1e9
+
+
+def compared_keypoints(num_keypoints: int) -> np.ndarray:
+    """The keypoints two views are compared on: Sapiens2's body (wrists included), feet and extra
+    points, every 4th hand point and every 8th face point, 70 of 308. Matching persons needs points
+    spread over the body, not the face's density, and its cost grows with the points. Another
+    keypoint count: all of them."""
+    meta = load_metadata()
+    if num_keypoints != meta.num_keypoints:
+        return np.arange(num_keypoints)
+    g = meta.groups
+    picked = [g["body"], g["foot"], g["extra"], g["left_hand"][::4], g["right_hand"][::4], g["face"][::8]]
+    return np.unique(np.concatenate(picked))
 
 
 @dataclass(frozen=True)
@@ -63,12 +79,13 @@ def all_pair_costs(views: Sequence[View], spec: Association) -> dict[tuple[int, 
     n = max(sizes, default=0)
     if c < 2 or n == 0:
         return {(u, v): np.zeros((sizes[u], sizes[v])) for u in range(c) for v in range(u + 1, c)}
-    k = views[0].scores.shape[1]
+    picked = compared_keypoints(views[0].scores.shape[1])
+    k = len(picked)
     points = np.ones((c, n, k, 3))
     good = np.zeros((c, n, k), bool)
     for i, view in enumerate(views):
-        points[i, :sizes[i], :, :2] = view.normalised
-        good[i, :sizes[i]] = view.scores >= spec.min_score
+        points[i, :sizes[i], :, :2] = view.normalised[:, picked]
+        good[i, :sizes[i]] = view.scores[:, picked] >= spec.min_score
     us, vs = np.triu_indices(c, 1)  # (Q,) the pairs
     e = np.stack([essential(views[u].camera, views[v].camera) for u, v in zip(us, vs)])  # (Q, 3, 3)
     focal = np.array([np.mean(np.diag(view.camera.matrix)[:2]) for view in views])

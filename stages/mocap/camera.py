@@ -16,7 +16,7 @@ reading (aniposelib's translations are in the board's units, often mm: say so wi
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -139,6 +139,52 @@ class Camera:
     def with_pose(self, rvec: np.ndarray, tvec: np.ndarray) -> Camera:
         """The same intrinsics at another pose."""
         return Camera(self.name, self.size, self.matrix, self.dist, rvec, tvec, self.fisheye)
+
+
+class CameraSet:
+    """Several cameras projecting the same points at once: one GEMM for all their rotations and the
+    distortion over (N, C) arrays (pinhole cameras with up to 8 coefficients; the others one by one)."""
+
+    def __init__(self, cameras: Sequence[Camera]) -> None:
+        self.cameras = list(cameras)
+        c = len(self.cameras)
+        self.rotations = np.concatenate([cam.rotation.T for cam in self.cameras], axis=1) if c else np.zeros((3, 0))
+        self.translations = np.concatenate([cam.tvec for cam in self.cameras]) if c else np.zeros(0)  # (3C,)
+        self.batched = [i for i, cam in enumerate(self.cameras) if not cam.fisheye and cam.dist.size <= 8]
+        dist = np.zeros((c, 8))
+        for i in self.batched:
+            dist[i, :self.cameras[i].dist.size] = self.cameras[i].dist
+        self.dist = dist.T  # (8, C)
+        self.k = np.array([[cam.matrix[0, 0], cam.matrix[0, 1], cam.matrix[0, 2], cam.matrix[1, 1], cam.matrix[1, 2]]
+                           for cam in self.cameras]).reshape(c, 5).T  # (5, C)
+        self._cache: dict[str, Any] = {}
+
+    def cached(self, key: str, make: Callable[[], Any]) -> Any:
+        """What ``make`` returns, made once per set (e.g. the triangulation's constant matrices)."""
+        if key not in self._cache:
+            self._cache[key] = make()
+        return self._cache[key]
+
+    def project(self, points: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """World points (N, 3) -> pixels (N, C, 2) in every camera and in_front (N, C)."""
+        n, c = len(points), len(self.cameras)
+        cam = (points @ self.rotations + self.translations).reshape(n, c, 3)  # (N, C, 3)
+        z = cam[..., 2]
+        front = z > 1e-9
+        safe = np.where(front, z, 1.0)
+        x, y = cam[..., 0] / safe, cam[..., 1] / safe  # (N, C)
+        k1, k2, p1, p2, k3, k4, k5, k6 = self.dist
+        r2 = x * x + y * y
+        radial = (1 + r2 * (k1 + r2 * (k2 + r2 * k3))) / (1 + r2 * (k4 + r2 * (k5 + r2 * k6)))
+        xy = x * y
+        xd = x * radial + 2 * p1 * xy + p2 * (r2 + 2 * x * x)
+        yd = y * radial + p1 * (r2 + 2 * y * y) + 2 * p2 * xy
+        fx, s, cx, fy, cy = self.k
+        out = np.stack([fx * xd + s * yd + cx, fy * yd + cy], axis=-1)  # (N, C, 2)
+        for i, camera in enumerate(self.cameras):
+            if i not in self.batched:
+                out[:, i], front[:, i] = camera.project(points)
+        return out, front
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from stages.smoothing import KeypointSmoother
 from stages.types import Detections, Keypoints
 
 from .associate import Association, View, associate
-from .camera import Rig
+from .camera import CameraSet, Rig
 from .triangulate import Triangulation, triangulate
 
 _BODY = slice(0, 15)  # Sapiens2's body joints: a person's position for identity is their mean
@@ -123,6 +123,7 @@ class WorldFuser:
         self._next_id = 0
         self._index = 0
         self._smoother = KeypointSmoother(*spec.smooth, max_age_s=spec.forget_s) if spec.smooth else None
+        self._sets: dict[tuple[str, ...], CameraSet] = {}  # the cameras of a step, by names (a few combinations)
 
     def step(self, views: Mapping[str, CameraView], random_weights: bool = False) -> WorldFrame:
         """Fuse one step. ``views``: camera name -> its view (cameras the rig lacks are refused)."""
@@ -171,7 +172,9 @@ class WorldFuser:
         or None, the groups kept and the members that left."""
         if not groups:
             return None, [], []
-        cams = [self.rig[name] for name in names]
+        cams = self._sets.get(tuple(names))
+        if cams is None:
+            cams = self._sets[tuple(names)] = CameraSet([self.rig[name] for name in names])
         spec = self.spec.triangulation
         left: list[dict[int, int]] = []
         for _ in range(2):

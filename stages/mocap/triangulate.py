@@ -5,8 +5,8 @@ Every point is solved the same way, all at once (numpy, no loop over points):
 1. Weighted linear triangulation (DLT) in normalised image coordinates (the views' pixels
    undistorted with their calibration): each view c with weight w_c (its keypoint score, 0 when
    the score is under the threshold or the camera does not see the person) adds the equations
-   w_c (x P3 - P1) X = 0 and w_c (y P3 - P2) X = 0 of its extrinsic P = [R | t]; their 3x3
-   normal equations are solved in closed form for every point at once.
+   w_c (x P3 - P1) X = 0 and w_c (y P3 - P2) X = 0 of its extrinsic P = [R | t]; every point's
+   normal equations come from one matrix product and are solved in closed form, all at once.
 2. Each view's reprojection error in pixels (through its distortion and matrix: the error is in
    the pixels the detector saw). While a point has three or more views and its worst view's error
    is over ``max_error_px``, that view is dropped and the point solved again: one wrong detection
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .camera import Camera
+from .camera import Camera, CameraSet
 
 
 @dataclass(frozen=True)
@@ -55,26 +55,34 @@ class Points3D:
     used: np.ndarray
 
 
-def solve_dlt(extrinsics: np.ndarray, normalised: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Weighted linear triangulation. extrinsics (C, 3, 4); normalised (N, C, 2); weights (N, C)
-    -> points (N, 3) and whether each system was solvable (N,).
+def normal_blocks(extrinsics: np.ndarray) -> np.ndarray:
+    """The constant part of every view's normal equations, (4C, 16) (see ``solve_dlt``)."""
+    blocks = []
+    for e in extrinsics:  # e: (3, 4) = [R | t]; rows r1, r2, r3
+        r1, r2, r3 = e
+        blocks += [np.outer(r3, r3), -(np.outer(r3, r1) + np.outer(r1, r3)), -(np.outer(r3, r2) + np.outer(r2, r3)),
+                   np.outer(r1, r1) + np.outer(r2, r2)]
+    c = len(extrinsics)
+    return np.stack(blocks).reshape(c, 4, 16).transpose(1, 0, 2).reshape(4 * c, 16)
+
+
+def solve_dlt(blocks: np.ndarray, normalised: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Weighted linear triangulation. blocks: ``normal_blocks`` of the C views; normalised (N, C, 2);
+    weights (N, C) -> points (N, 3) and whether each system was solvable (N,).
 
     Each view gives two equations (x P3 - P1) . [X, 1] = 0 and (y P3 - P2) . [X, 1] = 0, scaled by
-    its weight; their 3x3 normal equations are solved in closed form (the adjugate), all points at
-    once: no per-point LAPACK call (a batched eigh of the 4x4 homogeneous form cost 10x more)."""
-    w = weights  # (N, C)
+    its weight w. Their normal matrix sum_c w^2 [(x r3 - r1)(x r3 - r1)^T + (y r3 - r2)(y r3 - r2)^T]
+    is, per view, w^2 (x^2 + y^2) r3 r3^T - w^2 x (r3 r1^T + r1 r3^T) - w^2 y (r3 r2^T + r2 r3^T)
+    + w^2 (r1 r1^T + r2 r2^T): four constant 4x4 matrices weighted by four numbers per point, so every
+    point's matrix is one GEMM of (N, 4C) by (4C, 16). Its 3x3 system is solved in closed form (the
+    adjugate): no per-point LAPACK call."""
+    w2 = weights * weights  # (N, C)
     x, y = normalised[..., 0], normalised[..., 1]  # (N, C)
-    # the rows' coefficients of X, Y, Z, 1: (x P3 - P1) and (y P3 - P2), each scaled by its weight
-    ax = [w * (x * extrinsics[None, :, 2, j] - extrinsics[None, :, 0, j]) for j in range(4)]  # 4 x (N, C)
-    ay = [w * (y * extrinsics[None, :, 2, j] - extrinsics[None, :, 1, j]) for j in range(4)]
-
-    def dot(i: int, j: int) -> np.ndarray:  # sum over the views' rows of coefficient i times coefficient j
-        return (ax[i] * ax[j] + ay[i] * ay[j]).sum(axis=1)  # (N,)
-
-    # elementwise sums: a batched matmul of (N, 3, 2C) by (N, 2C, 3) costs more than all of them here
-    m00, m01, m02, m11, m12, m22 = dot(0, 0), dot(0, 1), dot(0, 2), dot(1, 1), dot(1, 2), dot(2, 2)
-    v0, v1, v2 = -dot(0, 3), -dot(1, 3), -dot(2, 3)
-    # the adjugate of the symmetric normal matrix
+    coefficients = np.concatenate([w2 * (x * x + y * y), w2 * x, w2 * y, w2], axis=1)  # (N, 4C)
+    m = coefficients @ blocks  # (N, 16): row-major 4x4 normal matrices
+    m00, m01, m02, m11, m12, m22 = m[:, 0], m[:, 1], m[:, 2], m[:, 5], m[:, 6], m[:, 10]
+    v0, v1, v2 = -m[:, 3], -m[:, 7], -m[:, 11]
+    # the adjugate of the symmetric 3x3 part
     c00, c01, c02 = m11 * m22 - m12 * m12, m02 * m12 - m01 * m22, m01 * m12 - m02 * m11
     c11, c12, c22 = m00 * m22 - m02 * m02, m01 * m02 - m00 * m12, m00 * m11 - m01 * m01
     det = m00 * c00 + m01 * c01 + m02 * c02
@@ -85,26 +93,23 @@ def solve_dlt(extrinsics: np.ndarray, normalised: np.ndarray, weights: np.ndarra
                      c02 * v0 + c12 * v1 + c22 * v2], axis=-1) * inv_det[:, None], ok
 
 
-def reprojection_errors(cameras: Sequence[Camera], xyz: np.ndarray, pixels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def reprojection_errors(cameras: CameraSet, xyz: np.ndarray, pixels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Pixel distance between each view's observation (N, C, 2) and the point (N, 3) projected into
     it -> errors (N, C) and in_front (N, C)."""
-    errors = np.empty(pixels.shape[:-1], dtype=np.float64)
-    front = np.empty(pixels.shape[:-1], dtype=bool)
-    for c, camera in enumerate(cameras):
-        projected, ahead = camera.project(xyz)  # (N, 2), (N,)
-        d = projected - pixels[:, c]
-        errors[:, c] = np.sqrt(d[:, 0] ** 2 + d[:, 1] ** 2)
-        front[:, c] = ahead
-    return errors, front
+    projected, front = cameras.project(xyz)  # (N, C, 2), (N, C)
+    d = projected - pixels
+    return np.sqrt(d[..., 0] ** 2 + d[..., 1] ** 2), front
 
 
-def triangulate(cameras: Sequence[Camera], pixels: np.ndarray, scores: np.ndarray, normalised: np.ndarray,
-                spec: Triangulation = Triangulation()) -> Points3D:
+def triangulate(cameras: Sequence[Camera] | CameraSet, pixels: np.ndarray, scores: np.ndarray,
+                normalised: np.ndarray, spec: Triangulation = Triangulation()) -> Points3D:
     """Persons' keypoints seen by the cameras -> their 3D points (see the module docstring).
 
-    cameras: the C views; pixels (P, C, K, 2) as detected (distorted); scores (P, C, K), 0 where a
-    camera does not see the person; normalised (P, C, K, 2): ``pixels`` undistorted by each camera.
+    cameras: the C views (a CameraSet keeps what they share between calls); pixels (P, C, K, 2) as
+    detected (distorted); scores (P, C, K), 0 where a camera does not see the person; normalised
+    (P, C, K, 2): ``pixels`` undistorted by each camera.
     """
+    views = cameras if isinstance(cameras, CameraSet) else CameraSet(cameras)
     p, c, k = scores.shape
     # One row per point: (P, C, K, ...) -> (P*K, C, ...)
     pix = np.moveaxis(pixels, 1, 2).reshape(p * k, c, 2)
@@ -115,7 +120,7 @@ def triangulate(cameras: Sequence[Camera], pixels: np.ndarray, scores: np.ndarra
     pix = np.where(finite[..., None], pix, 0.0)
     nrm = np.where(finite[..., None], nrm, 0.0)
     weights = np.where(used, score, 0.0)
-    extrinsics = np.stack([camera.extrinsic for camera in cameras])  # (C, 3, 4)
+    blocks = views.cached("normal_blocks", lambda: normal_blocks(np.stack([c.extrinsic for c in views.cameras])))
     n = p * k
     xyz = np.zeros((n, 3))
     errors = np.zeros((n, c))
@@ -125,8 +130,8 @@ def triangulate(cameras: Sequence[Camera], pixels: np.ndarray, scores: np.ndarra
     for _ in range(max(1, c - spec.min_views + 1)):  # each round drops at most one view per point
         if todo.size == 0:
             break
-        xyz[todo], solvable[todo] = solve_dlt(extrinsics, nrm[todo], weights[todo])
-        errors[todo], front[todo] = reprojection_errors(cameras, xyz[todo], pix[todo])
+        xyz[todo], solvable[todo] = solve_dlt(blocks, nrm[todo], weights[todo])
+        errors[todo], front[todo] = reprojection_errors(views, xyz[todo], pix[todo])
         u = used[todo]
         bad = u & ((errors[todo] > spec.max_error_px) | ~front[todo])  # (T, C)
         droppable = bad.any(axis=1) & (u.sum(axis=1) > spec.min_views) & solvable[todo]
