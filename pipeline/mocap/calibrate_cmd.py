@@ -1,0 +1,181 @@
+"""``sapiens2-stream calibrate``: a rig's calibration file from views of a ChArUco board.
+
+    sapiens2-stream calibrate --source cam0=left.mp4 --source cam1=right.mp4 \\
+        --board 5x7 --square 0.04 --marker 0.03 --out calib.toml
+
+The sources (video files, image folders or globs, cameras) are read in lockstep: frame i of every
+source is one simultaneous view. Each view used (every ``--every``-th, at most ``--max-views``)
+is searched for the board; the cameras' intrinsics and poses are fitted (stages.mocap.charuco)
+and written as one TOML file in Pose2Sim's and aniposelib's layout. Live cameras are read until
+``--max-views`` or Ctrl-C. Every failure is one ``error: ...`` line and a non-zero exit.
+``python -m pipeline.mocap.calibrate_cmd calibrate ...`` runs it standalone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from sapiens2_client.cli import OneLineParser, positive
+from stages.errors import ConfigError
+from stages.mocap.camera import CalibrationError, read_rig, write_rig
+from stages.mocap.charuco import DEFAULT_MIN_VIEWS, DICTIONARIES, Board, Detection, calibrate_rig, detect, parse_squares
+from stages.types import Frame
+
+from ..sources import Source, SourceEnded, SourceError, open_source
+from ..sourcespecs import SourceSpec, missing_file, name_sources
+
+log = logging.getLogger(__name__)
+FRAME_TIMEOUT_S = 60.0  # a source that gives no frame for this long has failed (a file decodes far faster)
+
+
+def add_calibrate_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Register the ``calibrate`` subcommand (handler ``cmd_calibrate``)."""
+    p = subparsers.add_parser("calibrate", help="calibrate cameras from views of a ChArUco board (writes a rig TOML)")
+    p.add_argument("--source", action="append", required=True, metavar="NAME=SPEC",
+                   help="a camera's recording or live source (video file, image folder or glob, webcam:N); "
+                        "repeatable, one per camera, read in lockstep; NAME is the camera's name in the file")
+    p.add_argument("--board", required=True, metavar="COLSxROWS", help="the board's squares, e.g. 5x7")
+    p.add_argument("--square", type=positive(float), required=True, help="side of a square, metres (measured)")
+    p.add_argument("--marker", type=positive(float), required=True, help="side of a marker, metres (measured)")
+    p.add_argument("--dictionary", default="DICT_4X4_50", choices=DICTIONARIES, metavar="DICT",
+                   help="the board's ArUco dictionary (default DICT_4X4_50)")
+    p.add_argument("--legacy-board", action="store_true",
+                   help="the board was made by OpenCV before 4.6 (boards with an even number of rows differ)")
+    p.add_argument("--out", default="calib.toml", help="the calibration file to write (default calib.toml)")
+    p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    p.add_argument("--every", type=positive(int), default=1, help="use every Nth frame (default 1)")
+    p.add_argument("--max-views", type=positive(int), help="stop after this many views (needed to end a live source "
+                                                          "other than with Ctrl-C)")
+    p.add_argument("--min-views", type=positive(int), default=DEFAULT_MIN_VIEWS,
+                   help=f"views of the board each camera needs for its intrinsics (default {DEFAULT_MIN_VIEWS})")
+    p.add_argument("--refine-intrinsics", action="store_true",
+                   help="refine the intrinsics in the joint refinement too (default: fixed)")
+    p.add_argument("--fit-k3", action="store_true", help="fit the k3 distortion term too (wide-angle lenses)")
+    p.add_argument("--intrinsics", metavar="FILE.toml",
+                   help="take each camera's intrinsics from this rig file (ours, Pose2Sim's or aniposelib's) "
+                        "and find only the extrinsics")
+    p.set_defaults(func=cmd_calibrate)
+
+
+def _checked(args: argparse.Namespace) -> tuple[Board, list[SourceSpec], Path]:
+    """Board, named sources and output path from the flags, before anything is opened."""
+    board = Board(*parse_squares(args.board), args.square, args.marker, args.dictionary, args.legacy_board)
+    specs = name_sources([], args.source, None)
+    if len(specs) < 2:
+        raise ConfigError("calibrate needs at least two sources, one per camera (--source NAME=SPEC each)")
+    for spec in specs:
+        problem = missing_file(spec.uri)
+        if problem:
+            raise ConfigError(f"{spec.where}: {problem}")
+    out = Path(args.out)
+    if out.exists() and not args.overwrite:
+        raise CalibrationError(f"--out {out} exists; pass --overwrite to replace it, or write elsewhere")
+    if not out.parent.is_dir():
+        raise ConfigError(f"--out {out}: the folder {out.parent} does not exist")
+    return board, specs, out
+
+
+def _next_frame(source: Source, name: str) -> Frame:
+    """The next frame of ``source``; SourceEnded at its end, SourceError when it stalls."""
+    deadline = time.monotonic() + FRAME_TIMEOUT_S
+    while time.monotonic() < deadline:
+        frame = source.read(timeout=0.5)
+        if frame is not None:
+            return frame
+    raise SourceError(f"source {name!r} gave no frame for {FRAME_TIMEOUT_S:g} s")
+
+
+def collect(board: Board, sources: dict[str, Source], every: int, max_views: int | None) -> \
+        tuple[dict[str, list[Detection]], dict[str, tuple[int, int]], list[int]]:
+    """Detections by camera and view, the image sizes, and each view's frame number: frame i of
+    every source is one view; stops when a source ends, at ``max_views``, or at Ctrl-C for live ones."""
+    detections: dict[str, list[Detection]] = {name: [] for name in sources}
+    sizes = {name: (s.info.width, s.info.height) for name, s in sources.items()}
+    frames: list[int] = []
+    live = any(s.live for s in sources.values())
+    if live:
+        print("reading the cameras; Ctrl-C stops collecting and calibrates", file=sys.stderr, flush=True)
+    step = 0
+    try:
+        while max_views is None or len(frames) < max_views:
+            images = {}
+            try:
+                for name, source in sources.items():
+                    images[name] = _next_frame(source, name).image
+            except SourceEnded:
+                ended = [n for n in sources if n not in images]
+                log.info("%s ended after %d frames: %d views", ended[0], step, len(frames))
+                break
+            if step % every == 0:
+                for name, image in images.items():
+                    if (image.shape[1], image.shape[0]) != sizes[name]:
+                        raise SourceError(f"source {name!r} changed size at frame {step}: {image.shape[1]}x"
+                                          f"{image.shape[0]}, was {sizes[name][0]}x{sizes[name][1]}")
+                    detections[name].append(detect(board, image))
+                frames.append(step)
+                if live and len(frames) % 10 == 0:
+                    seen = sum(bool(len(d)) for ds in detections.values() for d in ds[-10:])
+                    print(f"{len(frames)} views ({seen} board sightings in the last 10)", file=sys.stderr, flush=True)
+            step += 1
+    except KeyboardInterrupt:
+        if not live:
+            raise
+        print(f"stopped collecting after {len(frames)} views", file=sys.stderr, flush=True)
+    return detections, sizes, frames
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    """Run ``calibrate``: prints each camera's reprojection error and the file written."""
+    sources: dict[str, Source] = {}
+    try:
+        board, specs, out = _checked(args)
+        intrinsics = None
+        if args.intrinsics:
+            given = read_rig(args.intrinsics)
+            given.check_sources([s.id for s in specs], args.intrinsics)
+            intrinsics = {s.id: given[s.id] for s in specs}
+        for spec in specs:
+            sources[spec.id] = open_source(spec.uri, source_id=spec.id)
+        detections, sizes, frames = collect(board, sources, args.every, args.max_views)
+        for source in sources.values():
+            source.stop()
+        result = calibrate_rig(board, detections, sizes, intrinsics=intrinsics,
+                               refine_intrinsics=args.refine_intrinsics, min_views=args.min_views,
+                               fit_k3=args.fit_k3)
+        reference = specs[0].id
+        world = f"the board's first corner, z out of the board, in frame {frames[result.world_view]} of {reference}"
+        rig = dataclasses.replace(result.rig, metadata={**result.rig.metadata, "world": world})
+        write_rig(rig, out, result.error_px, overwrite=args.overwrite)
+    except (ConfigError, SourceError, OSError) as exc:  # CalibrationError is a ConfigError
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        for source in sources.values():
+            source.stop()
+    for name in rig.names:
+        fitted = result.intrinsic_error_px[name]
+        intr = (f"intrinsics {fitted:.3f} px over {result.intrinsic_views[name]} views" if fitted is not None
+                else f"intrinsics from {args.intrinsics}")
+        print(f"{name}: reprojection error {result.error_px[name]:.3f} px RMS over {result.views[name]} views ({intr})")
+    print(f"world: {world}")
+    print(f"wrote {out}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Standalone entry: ``python -m pipeline.mocap.calibrate_cmd calibrate ...``."""
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    parser = OneLineParser(prog="sapiens2-stream")
+    add_calibrate_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
