@@ -37,7 +37,8 @@ def camera_like_frame(h: int, w: int, seed: int = 0) -> np.ndarray:
 class YoloThenFixedBoxes(FixedDetector):
     """The real YOLO detector runs on every frame (random weights: its cost is real, its boxes are
     not), then the fixed boxes are returned, so pose runs on a known person count. The engine calls
-    ``detect_batch`` (one detector forward per step)."""
+    ``detect_tensors`` with the uploaded frames (one detector forward per step, letterboxed on the
+    device), as it does the real detector's."""
 
     def __init__(self, yolo, boxes: np.ndarray) -> None:
         super().__init__(boxes)
@@ -49,6 +50,11 @@ class YoloThenFixedBoxes(FixedDetector):
 
     def detect_batch(self, images: list[np.ndarray]):
         self.yolo.detect_batch(images)
+        self.calls += 1
+        return [self.detections for _ in images]
+
+    def detect_tensors(self, images: list[torch.Tensor]):
+        self.yolo.detect_tensors(images)
         self.calls += 1
         return [self.detections for _ in images]
 

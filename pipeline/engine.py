@@ -9,7 +9,8 @@ On the CPU the same code runs in order: the stream contexts are no-ops and the "
 wall-clock stamps.
 
 Streams: upload, then segmentation, matting and normals/pointmap at once; the detector (a host
-loop) in parallel; pose waits only for its own step's boxes.
+loop, on the uploaded frames: letterboxed on the device) in parallel; pose waits only for its own
+step's boxes.
 
 Per source the engine keeps: the session (a reopened source resets its tracks, carried boxes and
 smoothing), the ByteTrack tracker, and for ``detect_every > 1`` the boxes carried to the frames the
@@ -154,7 +155,7 @@ class FrameEngine(PrecisionFallback):
                 self._dense(pending, task, stream_name, uploaded)
         t0 = time.perf_counter()
         with self.lanes.use("detect"):
-            self._detect(works)
+            self._detect(works, uploaded)
         pending.host_ms["detect"] = (time.perf_counter() - t0) * 1000.0
         if "pose" in self.stages.estimators and any(len(w.detections) for w in works):
             self._pose(pending, uploaded)
@@ -210,8 +211,9 @@ class FrameEngine(PrecisionFallback):
                 state.since_pointmap += 1
         return due
 
-    def _detect(self, works: list[FrameWork]) -> None:
-        """Detector for the frames that are due (one batch), carried boxes for the others."""
+    def _detect(self, works: list[FrameWork], uploaded) -> None:
+        """Detector for the frames that are due (one batch), carried boxes for the others. A detector
+        that takes device frames (``detect_tensors``) gets the uploaded ones: each frame crosses the bus once."""
         due = []
         for work in works:
             state = self.state(work.frame.source_id)
@@ -224,7 +226,12 @@ class FrameEngine(PrecisionFallback):
             else:
                 state.since_detect, state.carry = 0, None  # the pose of this frame's persons carries, if any
                 due.append(work)
-        found = self.stages.detector.detect_batch([w.frame.image for w in due]) if due else []
+        detector, found = self.stages.detector, []
+        if due and hasattr(detector, "detect_tensors"):
+            self.lanes.after(uploaded, "detect", *(w.image for w in due))
+            found = detector.detect_tensors([w.image for w in due])
+        elif due:
+            found = detector.detect_batch([w.frame.image for w in due])
         for work, detections in zip(due, found):
             tracker = self.state(work.frame.source_id).tracker
             work.detections = detections if tracker is None else tracker.update(detections, work.frame.image)

@@ -2,7 +2,9 @@
 
 Both detectors share one interface: ``detect(image_rgb) -> Detections``, ``detect_batch(images)``
 (one forward for the frames of several sources), ``reset()`` and a ``random_weights`` attribute
-that annotators and publishers use to label meaningless output. Tracking is separate
+that annotators and publishers use to label meaningless output. The YOLO detector also takes the
+frames already on its device (``detect_tensors``: letterbox on the device, stages.yolo_device), which
+the engine uses so that a frame crosses the bus once. Tracking is separate
 (:class:`ByteTracker`, one per source), so frames of several cameras can share a detector batch.
 Between detector runs (``detect_every``) the engine carries boxes from the keypoints of the frame
 before with :func:`carry_boxes`, on the device.
@@ -362,20 +364,55 @@ class PersonDetector:
         if not images_rgb:
             return []
         bgr = [cv2.cvtColor(image, cv2.COLOR_RGB2BGR) for image in images_rgb]  # Ultralytics reads numpy as BGR
+        results = self._guarded(lambda: self.model.predict(bgr if len(bgr) > 1 else bgr[0], **self._kwargs()))
+        self._check_device()
+        return [self._detections(r.boxes.xyxy.cpu().numpy(), r.boxes.conf.cpu().numpy()) for r in results]
+
+    def detect_tensors(self, images: Sequence[Tensor]) -> list[Detections]:
+        """Find people in frames already on the detector's device, (3, H, W) uint8 RGB tensors: letterbox,
+        normalisation, forward and NMS on the device (the frame is not uploaded again), one copy of all
+        frames' boxes to the host. The same boxes as ``detect_batch`` (see stages.yolo_device)."""
+        from .yolo_device import predict_on_device
+
+        want = _resolve(self.device)
+        for image in images:
+            if not isinstance(image, Tensor) or image.dtype != torch.uint8 or image.ndim != 3 or image.shape[0] != 3:
+                raise ValueError(f"detector input: expected a (3, H, W) uint8 tensor, got {getattr(image, 'shape', image)}")
+            if image.device != want:
+                raise ValueError(f"detector input is on {image.device}, the detector on {want}")
+        if not images:
+            return []
+        if getattr(self.model, "predictor", None) is None:  # Ultralytics sets its predictor up on a first predict
+            h, w = images[0].shape[1:]
+            self._guarded(lambda: self.model.predict(np.zeros((h, w, 3), np.uint8), **self._kwargs()))
+        with torch.inference_mode():
+            found = self._guarded(lambda: predict_on_device(self.model.predictor, list(images)))
+        self._check_device()
+        host = torch.cat([d[:, :5] for d in found]).float().cpu().numpy()  # (sum n_i, 5): the one download
+        out, start = [], 0
+        for det in found:
+            rows = host[start:start + len(det)]
+            start += len(det)
+            out.append(self._detections(rows[:, :4], rows[:, 4]))
+        return out
+
+    def _kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = dict(conf=self.conf, iou=self.iou, classes=[PERSON_CLASS], max_det=self.max_persons,
                                       imgsz=self.imgsz, verbose=False, device=self.device)
         if self.half:
             kwargs["quantize"] = 16
+        return kwargs
+
+    def _guarded(self, call: Any) -> Any:
+        """Run an Ultralytics call: its errors become DetectorError, the process's thread count stays."""
         threads = torch.get_num_threads()
         try:
             with _no_device_sync():
-                results = self.model.predict(bgr if len(bgr) > 1 else bgr[0], **kwargs)
+                return call()
         except (RuntimeError, ValueError, OSError) as exc:
             raise DetectorError(f"person detector failed: {exc}") from exc
         finally:
             torch.set_num_threads(threads)  # Ultralytics resets the process's CPU thread count on every call
-        self._check_device()
-        return [self._detections(r.boxes) for r in results]
 
     def _check_device(self) -> None:
         if self._checked_device:
@@ -387,9 +424,8 @@ class PersonDetector:
             raise DetectorError(f"the detector ran on {param.device}, not on the requested {self.device}; "
                                 "pass --device with an index (cuda:N)")
 
-    def _detections(self, boxes: Any) -> Detections:
-        xyxy = boxes.xyxy.cpu().numpy().astype(np.float32)  # (N, 4)
-        scores = boxes.conf.cpu().numpy().astype(np.float32)  # (N,)
+    def _detections(self, xyxy: np.ndarray, scores: np.ndarray) -> Detections:
+        xyxy, scores = xyxy.astype(np.float32), scores.astype(np.float32)  # (N, 4), (N,)
         order = np.argsort(-scores, kind="stable")[: self.max_persons]
         return Detections(xyxy[order], scores[order], np.full(len(order), -1, np.int64))
 
