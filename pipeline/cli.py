@@ -32,6 +32,7 @@ COMMAND_MODULES = (
     "pipeline.commands",  # run (the default), weights
     "pipeline.net.commands",  # subscribe, keys, broker, view, control
     "pipeline.cluster.commands",  # fleet, batch, bridge
+    "pipeline.mocap.commands",  # calibrate, triangulate, export-world
 )
 DEFAULT_COMMAND = "run"  # what a command line that names no command runs
 log = logging.getLogger("sapiens2_stream")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import cv2
@@ -18,7 +17,7 @@ from pipeline.mocap.calibrate_cmd import main as calibrate_main
 from stages.mocap.camera import CalibrationError, Camera, read_rig
 from stages.mocap.charuco import Board, Detection, calibrate_rig, detect
 from tests.boardsynth import BoardPose, Renderer, board_poses, rig_cameras
-from tests.cliutil import REPO, Ran, assert_one_clear_error
+from tests.cliutil import CLI, REPO, Ran, assert_one_clear_error
 
 BOARD = Board(6, 8, 0.08, 0.06)  # 35 inner corners, 24 markers of DICT_4X4_50
 VIEWS = 16
@@ -114,7 +113,7 @@ def test_cli_writes_a_rig_file_from_image_folders(scene: dict, tmp_path: Path) -
         args += ["--source", f"{name}={folder}"]
     out = tmp_path / "calib.toml"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.run([sys.executable, "-m", "pipeline.mocap.calibrate_cmd", "calibrate", *args,
+    proc = subprocess.run([*CLI, "calibrate", *args,
                            "--board", "6x8", "--square", "0.08", "--marker", "0.06", "--out", str(out)],
                           check=False, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr

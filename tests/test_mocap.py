@@ -9,10 +9,10 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from pipeline.mocap.setup import fusion_of
 from pipeline.mocap.options import MocapFields
+from pipeline.mocap.setup import fusion_of
 from pipeline.mocap.world import WorldStep, world_record
-from stages.mocap.camera import Camera, Rig, read_rig, write_rig, CalibrationError
+from stages.mocap.camera import CalibrationError, Camera, Rig, read_rig, write_rig
 from stages.mocap.fuse import WorldFuser
 from stages.types import Detections, Frame, FrameResult, Keypoints
 from tests.mocaprig import base_skeleton, observe, pose_at, ring_rig

@@ -1,0 +1,224 @@
+"""Motion capture from the command line, as real subprocesses: three synthetic camera files through
+the whole pipeline (tiny random weights) publishing world messages and writing the world JSONL and
+TRC; ``triangulate`` recovering known skeletons from recorded keypoint files; ``export-world``;
+and the refusals before any model loads."""
+
+from __future__ import annotations
+
+import math
+import signal
+import socket
+import subprocess
+import time
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sapiens2_client.jsonl import LineWriter, keypoint_record
+from sapiens2_client.subscriber import ReceiveTimeout, Subscriber
+from stages.metadata import load_metadata
+from stages.mocap.camera import write_rig
+from tests.cliutil import CLI, OFFLINE, assert_one_clear_error, make_video, read_jsonl, run_cli
+from tests.mocaprig import base_skeleton, observe, pose_at, ring_rig
+
+pytestmark = pytest.mark.timeout(300)
+CAMERAS = ["cam1", "cam2", "cam3"]
+FPS = 30
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def rig_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("rig")
+    write_rig(ring_rig(3, size=(320, 240), names=CAMERAS), folder / "calib.toml")
+    for i, name in enumerate(CAMERAS):
+        make_video(folder / f"{name}.mp4", 6 + i)  # files of 6, 7 and 8 frames: the short ones end first
+    return folder
+
+
+def read_trc(path: Path) -> tuple[list[list[str]], list[list[str]]]:
+    """(the five header lines split at tabs, the data rows split at tabs); asserts the layout."""
+    lines = path.read_text(encoding="ascii").split("\n")
+    assert lines[0].startswith("PathFileType\t4\t(X/Y/Z)\t"), lines[0]
+    assert lines[1].split("\t") == ["DataRate", "CameraRate", "NumFrames", "NumMarkers", "Units", "OrigDataRate",
+                                    "OrigDataStartFrame", "OrigNumFrames"]
+    assert lines[5] == "", "an empty line ends the header"
+    header = [line.split("\t") for line in lines[:5]]
+    rows = [line.split("\t") for line in lines[6:] if line]
+    return header, rows
+
+
+def _check_trc(path: Path, steps: int) -> list[list[str]]:
+    header, rows = read_trc(path)
+    names = [str(n) for n in load_metadata().keypoint_names]
+    rate, camera_rate, frames, markers, units = header[2][:5]
+    assert int(frames) == steps == len(rows) and int(markers) == len(names) and units == "m"
+    assert math.isclose(float(rate), FPS, rel_tol=0.01) and math.isclose(float(camera_rate), FPS, rel_tol=0.01)
+    assert header[3][:2] == ["Frame#", "Time"] and header[3][2::3] == names
+    assert header[4][2:5] == ["X1", "Y1", "Z1"] and header[4][-3:] == [f"X{len(names)}", f"Y{len(names)}",
+                                                                      f"Z{len(names)}"]
+    for i, row in enumerate(rows, start=1):
+        assert len(row) == 2 + 3 * len(names) and int(row[0]) == i
+        assert math.isclose(float(row[1]), (i - 1) / FPS, abs_tol=1e-4)
+        assert all(v == "" or math.isfinite(float(v)) for v in row[2:])
+    return rows
+
+
+def test_three_cameras_through_the_pipeline_publish_world_messages_and_write_world_files(
+        tiny: Path, cli_env: dict[str, str], rig_dir: Path, tmp_path: Path) -> None:
+    endpoint = f"tcp://127.0.0.1:{_free_port()}"
+    # Random weights give arbitrary keypoints: generous thresholds let them triangulate, so the files
+    # and messages carry points (their accuracy is tests/test_mocap.py's and the triangulate test's).
+    args = [*OFFLINE, "--tasks", "pose", *(a for n in CAMERAS for a in ("--source", f"{n}={rig_dir / n}.mp4")),
+            "--calibration", rig_dir / "calib.toml", "--triangulate", "--save-world", "out/world.jsonl",
+            "--export-trc", "out/run.trc", "--save-keypoints", "out/{source}.jsonl", "--publish", endpoint,
+            "--world-max-epipolar-px", "1e6", "--world-max-error-px", "1e6"]
+    proc = subprocess.Popen([*CLI, *map(str, args)], env=cli_env, cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    got = []
+    try:
+        with Subscriber(endpoint, ["world"]) as sub:
+            deadline = time.monotonic() + 200  # connected while the models load: no step is missed
+            while time.monotonic() < deadline and proc.poll() is None:
+                try:
+                    got.append(sub.recv(timeout_s=0.5))
+                except ReceiveTimeout:
+                    continue
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    world = read_jsonl(tmp_path / "out" / "world.jsonl")
+    assert world and [r["step"] for r in world] == list(range(len(world)))
+    by_step = {r["step"]: r for r in world}
+    assert got, f"no world message reached the subscriber\n{err}"
+    for msg in got:
+        assert type(msg).__name__ == "WorldMessage" and msg.topic == "world.rig" and msg.units == "m"
+        assert msg.cameras == CAMERAS and msg.meta.random_weights
+        record = by_step[msg.meta.frame_index]  # the message and the file line of one step agree
+        assert msg.camera_frames == record["cameras"]
+        assert msg.world_ids.tolist() == [p["id"] for p in record["persons"]]
+        for p, person in enumerate(record["persons"]):
+            points = np.array([[0.0] * 3 if v is None else v for v in person["keypoints"]])
+            valid = np.array([v is not None for v in person["keypoints"]])
+            assert (msg.world_valid[p] == valid).all()
+            np.testing.assert_allclose(msg.world_keypoints[p][valid], points[valid], atol=1e-4)
+            assert (msg.world_keypoints[p][~valid] == 0).all()
+            assert msg.members_of(p) == person["members"]
+    # each step fused the next frame of each camera still running (files of 6, 7 and 8 frames); the
+    # persons' members point at the persons of those frames' keypoint lines
+    assert [r["cameras"] for r in world] == [{n: i for j, n in enumerate(CAMERAS) if i < 6 + j} for i in range(8)]
+    keypoints = {n: {r["frame"]: r for r in read_jsonl(tmp_path / "out" / f"{n}.jsonl")} for n in CAMERAS}
+    for record in world:
+        assert record["random_weights"] is True and record["units"] == "m"
+        for person in record["persons"]:
+            assert len(person["keypoints"]) == 308 and len(person["members"]) >= 2
+            for camera, index in person["members"].items():
+                assert index < len(keypoints[camera][record["cameras"][camera]]["persons"])
+    assert any(p["keypoints"].count(None) < 308 for r in world for p in r["persons"]), "nothing triangulated"
+    steps = len(world)
+    trcs = sorted((tmp_path / "out").glob("run*.trc"))
+    assert trcs, err
+    for trc in trcs:
+        _check_trc(trc, steps)
+    assert not list((tmp_path / "out").glob("*.part")), "a spool or partial file was left"
+
+
+def _recorded_run(folder: Path, steps: int = 12) -> tuple[list[list[np.ndarray]], Path]:
+    """Keypoint files of three calibrated cameras watching two known moving skeletons (as the
+    pipeline's --save-keypoints writes them), with a wrong detection in cam2; returns the truth."""
+    rig = ring_rig(3, radius=3.5, names=CAMERAS)
+    write_rig(rig, folder / "calib.toml")
+    bases = [base_skeleton(0), base_skeleton(1)]
+    rng = np.random.default_rng(11)
+    writers = {n: LineWriter(folder / f"{n}.jsonl") for n in CAMERAS}
+    truth = []
+    for i in range(steps):
+        people = [pose_at(b, i / FPS, start=(-0.5 + j, 0.2 * j), heading=2.0 * j) for j, b in enumerate(bases)]
+        truth.append(people)
+        for name, (det, kp) in observe(rig, people, rng, noise_px=1.0, miss=0.05).items():
+            xy, scores, boxes, ids = kp.xy, kp.scores, det.boxes, det.track_ids
+            if name == "cam2":  # a false person only cam2 reports
+                xy = np.concatenate([xy, xy[:1] + rng.normal(0, 40, xy[:1].shape) + 120])
+                scores, boxes, ids = (np.concatenate([scores, scores[:1]]), np.concatenate([boxes, boxes[:1]]),
+                                      np.append(ids, 9))
+            writers[name].write(keypoint_record(frame=i, pts=i * 512, time_base=Fraction(1, 15360), capture_ns=1_700_000_000_000_000_000 + i, width=1280, height=720, random_weights=False,
+                boxes=boxes, box_scores=np.full(len(boxes), 0.9), track_ids=ids, keypoints=xy, scores=scores))
+    for writer in writers.values():
+        writer.close()
+    return truth, folder / "calib.toml"
+
+
+def test_triangulate_recovers_known_skeletons_from_recorded_keypoint_files(cli_env: dict[str, str],
+                                                                            tmp_path: Path) -> None:
+    truth, calib = _recorded_run(tmp_path)
+    ran = run_cli(["triangulate", *(a for n in CAMERAS for a in ("--keypoints", f"{n}={tmp_path / n}.jsonl")),
+                   "--calibration", calib, "--save-world", "world.jsonl", "--export-trc", "run_{person}.trc",
+                   "--csv", "run.csv", "--npz", "run.npz"], cli_env, tmp_path)
+    assert ran.rc == 0, ran.stderr
+    assert "12 steps from 3 cameras, 24 world persons" in ran.stdout, ran.stdout
+    world = read_jsonl(tmp_path / "world.jsonl")
+    assert len(world) == 12
+    errors, who = [], {}
+    for record, people in zip(world, truth):
+        assert len(record["persons"]) == 2 and len(record["single_view"]) == 1  # the false person, alone
+        assert record["single_view"][0]["camera"] == "cam2"
+        for person in record["persons"]:
+            points = [(np.array(v), i) for i, v in enumerate(person["keypoints"]) if v is not None]
+            dist = [np.median([np.linalg.norm(p - x[i]) for p, i in points]) for x in people]
+            j = int(np.argmin(dist))
+            assert who.setdefault(person["id"], j) == j, "a world id changed person"
+            errors.append(dist[j])
+            assert len(points) > 0.9 * 308
+    assert max(errors) < 0.006, f"median errors per person up to {1000 * max(errors):.1f} mm"
+    # TRC per person, Y up (OpenSim): X, Y, Z of the file are the world's Y, Z, X
+    pid = world[0]["persons"][0]["id"]
+    rows = _check_trc(tmp_path / f"run_{pid}.trc", 12)
+    nose = world[0]["persons"][0]["keypoints"][0]
+    assert [float(v) for v in rows[0][2:5]] == pytest.approx([nose[1], nose[2], nose[0]], abs=1e-4)
+    csv = (tmp_path / "run.csv").read_text().splitlines()
+    assert csv[0].startswith("step,time_s,person,nose_x,nose_y,nose_z,") and len(csv) == 1 + 24
+    first = csv[1].split(",")
+    assert [float(v) for v in first[3:6]] == pytest.approx(nose, abs=1e-4)
+    arrays = np.load(tmp_path / "run.npz")
+    assert arrays["xyz"].shape == (12, 2, 308, 3) and arrays["valid"].mean() > 0.9
+    assert np.isnan(arrays["xyz"][~arrays["valid"]]).all() and np.isfinite(arrays["xyz"][arrays["valid"]]).all()
+
+
+def test_export_world_reads_a_file_cut_short_by_a_killed_run(cli_env: dict[str, str], tmp_path: Path) -> None:
+    _recorded_run(tmp_path, steps=4)
+    ran = run_cli(["triangulate", *(a for n in CAMERAS for a in ("--keypoints", f"{n}={tmp_path / n}.jsonl")),
+                   "--calibration", tmp_path / "calib.toml", "--save-world", "world.jsonl"], cli_env, tmp_path)
+    assert ran.rc == 0, ran.stderr
+    data = (tmp_path / "world.jsonl").read_bytes()
+    (tmp_path / "cut.jsonl").write_bytes(data[: len(data) - 500])  # the last line torn, as by a SIGKILL
+    ran = run_cli(["export-world", "cut.jsonl", "--trc", "cut.trc"], cli_env, tmp_path)
+    assert ran.rc == 0, ran.stderr
+    paths = sorted(tmp_path.glob("cut_P*.trc"))
+    assert len(paths) == 2
+    for path in paths:
+        _check_trc(path, 3)
+
+
+@pytest.mark.parametrize("extra, needles", [
+    (["--triangulate"], ["--calibration"]),
+    (["--triangulate", "--calibration", "missing.toml"], ["missing.toml", "does not exist"]),
+    (["--triangulate", "--calibration", "{rig}/calib.toml", "--source", "door={rig}/cam1.mp4"], ["'door'", "cam1"]),
+    (["--save-world", "w.jsonl"], ["--triangulate"]),
+    (["--triangulate", "--calibration", "{rig}/calib.toml", "--tasks", "seg"], ["pose"]),
+])
+def test_a_run_that_cannot_triangulate_is_refused_in_one_line_before_models_load(
+        cli_env: dict[str, str], rig_dir: Path, tmp_path: Path, extra: list[str], needles: list[str]) -> None:
+    sources = [a for n in CAMERAS[:2] for a in ("--source", f"{n}={rig_dir / n}.mp4")]
+    args = [*OFFLINE, *sources, *(a.replace("{rig}", str(rig_dir)) for a in extra)]
+    ran = run_cli(args, cli_env, tmp_path)
+    assert_one_clear_error(ran, *needles)
+    assert "loaded pose" not in ran.stderr, "a model loaded before the refusal"
