@@ -12,7 +12,6 @@ the capture time (the keypoint files of live cameras, whose pts have unrelated o
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 from collections.abc import Iterator
 from fractions import Fraction
@@ -91,20 +90,14 @@ def _camera_files(specs: list[str]) -> dict[str, list[dict[str, Any]]]:
 
 
 def _lines(path: Path) -> Iterator[dict[str, Any]]:
+    from .world import read_lines
+
     if not path.is_file():
         raise ConfigError(f"--keypoints {path}: no such file")
-    lines = path.read_bytes().split(b"\n")
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except ValueError:
-            if number == len(lines):  # cut short by a killed run: the lines before are whole
-                return
-            raise ConfigError(f"--keypoints {path}:{number}: not a keypoint JSON line") from None
-        if isinstance(record, dict):
-            yield record
+    try:
+        yield from read_lines(path, "a keypoint file (--save-keypoints)")
+    except ValueError as exc:
+        raise ConfigError(f"--keypoints {exc}") from None
 
 
 def _clock(record: dict[str, Any], clock: str) -> float:

@@ -99,9 +99,10 @@ def world_record(world: WorldFrame) -> dict[str, Any]:
     }
 
 
-def read_world(path: str | Path) -> Iterator[dict[str, Any]]:
-    """The records of a world JSONL file in order; a last line cut short (a killed run) is skipped,
-    any other line that does not parse is a ValueError naming it."""
+def read_lines(path: str | Path, what: str) -> Iterator[dict[str, Any]]:
+    """The JSON objects of a JSON Lines file in order. A last line cut short (a killed run: no newline
+    after it) is skipped with a warning; any other line that does not parse is a ValueError naming it
+    (``what`` says what the file should be)."""
     path = Path(path)
     with path.open("rb") as f:
         lines = f.read().split(b"\n")
@@ -111,12 +112,19 @@ def read_world(path: str | Path) -> Iterator[dict[str, Any]]:
         try:
             record = json.loads(line)
         except ValueError:
-            if number == len(lines):  # no newline after it: the write was cut, the lines before are whole
+            if number == len(lines):  # the write was cut: the lines before are whole
                 log.warning("%s: the last line is incomplete (the run was cut short); it is skipped", path)
                 return
-            raise ValueError(f"{path}:{number}: not a JSON line of a world file") from None
-        if not isinstance(record, dict) or "step" not in record or not isinstance(record.get("persons"), list):
-            raise ValueError(f"{path}:{number}: not a world step record (no step or persons)")
+            raise ValueError(f"{path}:{number}: not a JSON line of {what}") from None
+        if isinstance(record, dict):
+            yield record
+
+
+def read_world(path: str | Path) -> Iterator[dict[str, Any]]:
+    """The step records of a world JSONL file in order (see ``read_lines``)."""
+    for record in read_lines(path, "a world file"):
+        if "step" not in record or not isinstance(record.get("persons"), list):
+            raise ValueError(f"{path}: a line is not a world step record (no step or persons)")
         yield record
 
 
