@@ -86,6 +86,8 @@ class FrameEngine(PrecisionFallback):
             log.info("CUDA graphs (%s): the stages run in order on one stream, not overlapped", ", ".join(graphs))
             overlap = False
         self.lanes = Lanes(self.device, overlap, pinned)  # overlap off: one stream (CUDA graphs, or a baseline)
+        staging = self.lanes.staging
+        self._staging = None if staging is None else staging.upload  # reused page-locked buffers (CUDA)
 
     # -- set-up ---------------------------------------------------------------------------
     def warm_up(self, max_persons: int = 8, max_frames: int = 1) -> dict[str, float]:
@@ -136,8 +138,8 @@ class FrameEngine(PrecisionFallback):
         clock = Clock(self.device)
         with self.lanes.use("upload"):
             clock.start("upload", self.lanes.get("upload"))
-            works = [FrameWork(f, to_device_image(f.image, self.device, self.pinned), Detections.empty())
-                     for f in frames]
+            works = [FrameWork(f, to_device_image(f.image, self.device, self.pinned, self._staging),
+                               Detections.empty()) for f in frames]
             clock.stop("upload", self.lanes.get("upload"))
         uploaded = self.lanes.event("upload")
         pending = Pending(works, clock, dtypes={t: e.model.dtype for t, e in self.stages.estimators.items()})
@@ -250,10 +252,10 @@ class FrameEngine(PrecisionFallback):
                 if n and work.boxes is None:  # set already when this step's pose runs again (fp16 fall-back)
                     state = self.state(work.frame.source_id)
                     work.boxes = state.carry.boxes if work.carried else upload(work.detections.boxes, self.device,
-                                                                                 self.pinned)
+                                                                                 self.pinned, self._staging)
                 if n:
                     wh.append(upload(np.tile(np.float32([work.frame.width, work.frame.height]), (n, 1)),
-                                     self.device, self.pinned))
+                                     self.device, self.pinned, self._staging))
             boxes_t, wh_t = torch.cat([w.boxes for w in with_persons]), torch.cat(wh)  # (P, 4), (P, 2)
             xy, scores, checked = pose.run_batch([w.image for w in with_persons], [w.boxes for w in with_persons])
             # Checked before the clamp below, which would turn an Inf into the image's edge.

@@ -1,6 +1,7 @@
-"""The device side of a step: one CUDA stream per stage ("lanes"), their events, pinned downloads,
-stage timing, and the Pending step that carries them from submit to finish, with what the engine
-keeps per frame of a step (FrameWork) and per source between steps (SourceState, Carry).
+"""The device side of a step: one CUDA stream per stage ("lanes"), their events, the pinned staging
+ring of uploads, pinned downloads, stage timing, and the Pending step that carries them from submit
+to finish, with what the engine keeps per frame of a step (FrameWork) and per source between steps
+(SourceState, Carry).
 
 On a GPU the stages run each on its own stream (overlapped) or all on one (serialised: CUDA graphs,
 or a benchmark baseline). On the CPU there are no streams: the stream contexts are no-ops, a
@@ -19,11 +20,14 @@ import torch
 from torch import Tensor
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from stages.detector import ByteTracker
     from stages.smoothing import KeypointSmoother
     from stages.types import Detections, Frame
 
 STREAM_NAMES = ("upload", "detect", "seg", "matting", "dense", "pose")
+PIPELINE_DEPTH = 2  # steps in flight: the runner submits step t before it finishes step t-1
 
 
 class Clock:
@@ -116,6 +120,61 @@ class Pending:
         self.done.clear()
 
 
+@dataclass
+class _Slot:
+    buffer: Tensor  # page-locked host memory
+    event: Any = None  # completion of the last copy out of it (None: never used)
+
+
+def _pinned(shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
+    return torch.empty(shape, dtype=dtype, pin_memory=True)
+
+
+class StagingRing:
+    """Page-locked buffers reused for uploads: per (shape, dtype) a ring of ``depth`` buffers.
+
+    ``upload`` copies the host data into the next buffer (the one host copy every pinned upload
+    makes), starts the non-blocking copy to the device on the current stream and records its
+    event. A buffer is written again only once that event has completed: a busy one is skipped
+    and the ring grows (several frames of one size per step, a device that fell behind), up to
+    ``cap`` buffers, beyond which the host waits for the oldest copy. ``send`` (buffer -> device
+    tensor, event) is the copy; tests replace it.
+    """
+
+    def __init__(self, send: Callable[[Tensor], tuple[Tensor, Any]], depth: int = PIPELINE_DEPTH + 1,
+                 cap: int = 16, pin: Callable[[tuple[int, ...], torch.dtype], Tensor] = _pinned) -> None:
+        self.send, self.depth, self.cap, self.pin = send, depth, max(cap, depth), pin
+        self.rings: dict[tuple, list[_Slot]] = {}
+        self.turn: dict[tuple, int] = {}
+
+    def upload(self, data: Any) -> Tensor:
+        """Host array or tensor -> the same on the device (returned at once; the copy runs on)."""
+        host = torch.as_tensor(data)
+        slot = self._take((tuple(host.shape), host.dtype))
+        slot.buffer.copy_(host)
+        out, slot.event = self.send(slot.buffer)
+        return out
+
+    def _take(self, key: tuple) -> _Slot:
+        ring = self.rings.setdefault(key, [])
+        if len(ring) < self.depth:
+            ring.append(_Slot(self.pin(*key)))
+            return ring[-1]
+        turn = self.turn.get(key, 0) % len(ring)
+        self.turn[key] = turn + 1
+        slot = ring[turn]
+        if slot.event is not None and not slot.event.query():  # its copy has not read it yet
+            if len(ring) < self.cap:
+                ring.insert(turn, _Slot(self.pin(*key)))  # the busy one comes round again next time
+                return ring[turn]
+            slot.event.synchronize()
+        return slot
+
+    def buffers(self) -> int:
+        """How many page-locked buffers the ring holds."""
+        return sum(len(ring) for ring in self.rings.values())
+
+
 class Lanes:
     """The streams of the stages by name, and the few operations the engine does with them."""
 
@@ -129,6 +188,16 @@ class Lanes:
             self.streams = {n: one for n in STREAM_NAMES}
         else:
             self.streams = {}
+        # Uploads through a ring of reused page-locked buffers; pinned off: pageable copies (the host waits).
+        self.staging = StagingRing(self._send) if self.cuda and pinned else None
+        self.device = device
+
+    def _send(self, buffer: Tensor) -> tuple[Tensor, Any]:
+        """The staging ring's copy: non-blocking, on the current stream (the upload lane's)."""
+        out = buffer.to(self.device, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        return out, event
 
     def get(self, name: str):
         """The stream of a stage (None on the CPU), e.g. for Clock marks."""
@@ -140,7 +209,13 @@ class Lanes:
 
     def download(self, pending: Pending, into: dict, name: str, tensor: Tensor, lane: str) -> None:
         """Copy to a pinned host buffer on the stage's stream and remember the completion event
-        (pinned off: a plain blocking copy to pageable memory)."""
+        (pinned off: a plain blocking copy to pageable memory).
+
+        Not a ring: the buffer is handed to the sinks as the FrameResult's array, without a copy, and
+        lives as long as they hold it; PyTorch's caching host allocator takes it back when the last
+        view is gone and its copy has completed, and hands it out again (no new page-locked memory
+        in the steady state). A ring would have to copy each result out (up to 32 MB per 1080p matte)
+        or trust the sinks to let go in time."""
         if self.cuda and not self.pinned:
             into[name] = tensor.cpu()
         elif self.cuda:
@@ -182,4 +257,4 @@ def all_finite(tensors: list[Tensor]) -> Tensor:
     return torch.stack([torch.isfinite(t).all() for t in tensors]).all()
 
 
-__all__ = ["STREAM_NAMES", "Clock", "Lanes", "Pending", "all_finite"]
+__all__ = ["PIPELINE_DEPTH", "STREAM_NAMES", "Clock", "Lanes", "Pending", "StagingRing", "all_finite"]

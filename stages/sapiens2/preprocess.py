@@ -7,6 +7,7 @@ They reproduce the reference processor's arithmetic (transformers 5.23 ``Sapiens
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -27,12 +28,16 @@ def device_constant(values: tuple, dtype: torch.dtype, device: torch.device) -> 
     return torch.tensor(values, dtype=dtype, device=device)
 
 
-def upload(data, device: torch.device, pinned: bool = True) -> Tensor:
+def upload(data, device: torch.device, pinned: bool = True,
+           staging: Callable[[Tensor], Tensor] | None = None) -> Tensor:
     """Host array -> tensor on ``device``. On CUDA it is staged in page-locked memory and copied
-    without blocking the host; ``pinned=False`` copies from pageable memory (the host waits)."""
+    without blocking the host: through ``staging`` (a caller's reused buffers, e.g. the engine's
+    ring) or a buffer of its own; ``pinned=False`` copies from pageable memory (the host waits)."""
     t = torch.as_tensor(data)
     if device.type == "cuda" and t.device.type == "cpu":
-        return t.pin_memory().to(device, non_blocking=True) if pinned else t.to(device)
+        if not pinned:
+            return t.to(device)
+        return staging(t) if staging is not None else t.pin_memory().to(device, non_blocking=True)
     return t.to(device)
 
 
@@ -132,13 +137,15 @@ def resize_pad(image: Tensor, input_size: tuple[int, int]) -> Tensor:
     return normalize(padded.unsqueeze(0))
 
 
-def to_device_image(image, device: torch.device, pinned: bool = True) -> Tensor:
+def to_device_image(image, device: torch.device, pinned: bool = True,
+                    staging: Callable[[Tensor], Tensor] | None = None) -> Tensor:
     """(H, W, 3) uint8 numpy/tensor -> (3, H, W) uint8 tensor on device.
 
-    On CUDA the frame is staged in page-locked memory and copied without blocking the host;
-    ``pinned=False`` copies straight from pageable memory (the host waits for the copy).
+    On CUDA the frame is staged in page-locked memory (``staging``: see ``upload``) and copied
+    without blocking the host; ``pinned=False`` copies straight from pageable memory (the host
+    waits for the copy).
     """
     t = torch.as_tensor(image)
     if t.dtype != torch.uint8 or t.ndim != 3 or t.shape[-1] != 3:
         raise ValueError(f"expected an (H, W, 3) uint8 RGB image, got {tuple(t.shape)} {t.dtype}")
-    return upload(t, device, pinned).permute(2, 0, 1)
+    return upload(t, device, pinned, staging).permute(2, 0, 1)
