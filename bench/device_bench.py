@@ -46,12 +46,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.device_compile import phase_compile, phase_fastpath  # noqa: E402
 from bench.device_model import (  # noqa: E402
     TASKS,
     phase_checkpoints,
-    phase_compile,
     phase_correctness,
-    phase_fastpath,
     phase_forward,
     phase_reference,
 )
