@@ -80,12 +80,13 @@ class FrameEngine(PrecisionFallback):
         self.on_precision_change: Callable[[], None] | None = None  # after a float16 -> bfloat16 fallback
         self._warmed: tuple[int, int] | None = None  # (max persons, max frames) of warm_up, once it ran
         graphs = [t for t, est in stages.estimators.items() if est.fastpath.cuda_graphs]
-        if self.cuda and overlap and graphs:
-            # CUDA-graph replays of all compiled models share one memory pool; replays on different
-            # streams could overwrite each other's outputs before they are copied out.
-            log.info("CUDA graphs (%s): the stages run in order on one stream, not overlapped", ", ".join(graphs))
-            overlap = False
-        self.lanes = Lanes(self.device, overlap, pinned)  # overlap off: one stream (CUDA graphs, or a baseline)
+        if self.cuda and graphs:
+            # Each estimator captures its graphs on its own lane, in its own memory pool
+            # (stages.sapiens2.graphs): replays on different streams share no memory.
+            log.info("CUDA graphs (%s): each stage's captured and replayed on its own stream, in its own memory "
+                     "pool; the stages %s", ", ".join(graphs),
+                     "overlap, the detector beside them" if overlap else "run in order on one stream (overlap off)")
+        self.lanes = Lanes(self.device, overlap, pinned)  # overlap off: one stream (a baseline)
         staging = self.lanes.staging
         self._staging = None if staging is None else staging.upload  # reused page-locked buffers (CUDA)
 

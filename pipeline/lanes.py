@@ -3,9 +3,12 @@ ring of uploads, pinned downloads, stage timing, and the Pending step that carri
 to finish, with what the engine keeps per frame of a step (FrameWork) and per source between steps
 (SourceState, Carry).
 
-On a GPU the stages run each on its own stream (overlapped) or all on one (serialised: CUDA graphs,
-or a benchmark baseline). On the CPU there are no streams: the stream contexts are no-ops, a
-"download" is the tensor itself and the clock reads perf_counter.
+On a GPU the stages run each on its own stream (overlapped; CUDA graphs too: each stage captures
+its own on its stream) or all on one (serialised: a benchmark baseline). The streams of a device
+are made once and shared by its engines: a CUDA graph replays on the stream it was captured on, so
+an engine made after another's warm-up (a benchmark's next row) finds the graphs made. On the CPU
+there are no streams: the stream contexts are no-ops, a "download" is the tensor itself and the
+clock reads perf_counter.
 """
 
 from __future__ import annotations
@@ -175,19 +178,29 @@ class StagingRing:
         return sum(len(ring) for ring in self.rings.values())
 
 
+_STREAMS: dict[tuple[int | None, bool], dict[str, Any]] = {}
+
+
+def lane_streams(device: torch.device, overlap: bool) -> dict[str, Any]:
+    """The stages' streams on a CUDA device, made at the first ask and the same ever after: one per
+    stage, or (overlap off) one for all, in order."""
+    key = (device.index, overlap)
+    if key not in _STREAMS:
+        if overlap:
+            _STREAMS[key] = {n: torch.cuda.Stream(device) for n in STREAM_NAMES}
+        else:
+            one = torch.cuda.Stream(device)
+            _STREAMS[key] = dict.fromkeys(STREAM_NAMES, one)
+    return dict(_STREAMS[key])
+
+
 class Lanes:
     """The streams of the stages by name, and the few operations the engine does with them."""
 
     def __init__(self, device: torch.device, overlap: bool, pinned: bool) -> None:
         self.cuda = device.type == "cuda"
         self.pinned = pinned  # page-locked staging for downloads (off: pageable, the host waits)
-        if self.cuda and overlap:
-            self.streams = {n: torch.cuda.Stream(device) for n in STREAM_NAMES}
-        elif self.cuda:  # serialised: every stage on one stream, in order
-            one = torch.cuda.Stream(device)
-            self.streams = {n: one for n in STREAM_NAMES}
-        else:
-            self.streams = {}
+        self.streams = lane_streams(device, overlap) if self.cuda else {}
         # Uploads through a ring of reused page-locked buffers; pinned off: pageable copies (the host waits).
         self.staging = StagingRing(self._send) if self.cuda and pinned else None
         self.device = device

@@ -96,7 +96,10 @@ def test_uploads_to_cuda_take_the_staging_they_are_given(monkeypatch: pytest.Mon
 
 
 def test_the_engine_lanes_stage_uploads_through_a_ring(monkeypatch: pytest.MonkeyPatch) -> None:
+    import pipeline.lanes
+
     monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: object())
+    monkeypatch.setattr(pipeline.lanes, "_STREAMS", {})  # no stand-in streams left for later tests
     lanes = Lanes(torch.device("cuda"), overlap=True, pinned=True)
     assert isinstance(lanes.staging, StagingRing) and lanes.staging.depth == PIPELINE_DEPTH + 1
     assert Lanes(torch.device("cuda"), overlap=True, pinned=False).staging is None  # pageable: the host waits

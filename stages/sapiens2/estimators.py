@@ -83,12 +83,10 @@ class _Estimator:
     def forward(self, pixels: Tensor) -> tuple[Tensor, Tensor | None]:
         """The model's raw outputs under the fast-path options (attention kernels, compiled graph)."""
         with attention_context(self.fastpath.attention):
-            if self.fastpath.cuda_graphs:
-                torch.compiler.cudagraph_mark_step_begin()  # a new inference step: earlier replays are done
             maps, scale = self._forward(pixels.contiguous() if self.fastpath.compile != "off" else pixels)
         if self.fastpath.cuda_graphs:
-            # Graph outputs live in memory the next replay overwrites; later stages and downloads keep
-            # references past it, so hand out copies.
+            # Graph outputs are static tensors the next replay overwrites; later stages and downloads
+            # keep references past it, so hand out copies (made on this stream, before that replay).
             maps, scale = maps.clone(), None if scale is None else scale.clone()
         return maps, scale
 

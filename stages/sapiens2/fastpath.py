@@ -11,8 +11,11 @@
   cores). ``None`` means on for CUDA, off for CPU.
 - ``compile``: ``torch.compile`` of the whole model forward with static shapes and ``fullgraph``
   (the pose batch buckets keep the number of shapes small). "reduce-overhead" and "max-autotune"
-  replay CUDA graphs (Inductor says which modes do). Opt-in: the first call of every shape
-  compiles, which the estimators' ``warmup()`` does up front (on the stream that replays) and times.
+  replay CUDA graphs (Inductor says which modes do): Inductor compiles their kernels without its
+  own graphs and the estimator captures one per shape on its stage's stream, in its own memory
+  pool (stages.sapiens2.graphs), so the stages keep running side by side. Opt-in: the first call
+  of every shape compiles, which the estimators' ``warmup()`` does up front (on the stream that
+  replays) and times.
 
 Fused QKV (one GEMM for q, k and v) is a load-time option (``load_model(fuse_qkv=...)``) and is
 reported here with the rest.
@@ -30,6 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from .graphs import LaneGraphs, no_graph_options
 from .model import Sapiens2
 from .switches import ATTENTION_NAMES, COMPILE_MODES
 
@@ -162,7 +166,11 @@ def compile_model(model: Sapiens2, mode: str,
     patch = model.cfg.patch_size
     model.backbone.rope(input_size[0] // patch, input_size[1] // patch, model.device)
     # fullgraph: a graph break is an error at warm-up, not a silent slowdown on every frame.
-    return torch.compile(model, mode=mode, dynamic=False, fullgraph=True)
+    if not compile_captures_cuda_graphs(mode):
+        return torch.compile(model, mode=mode, dynamic=False, fullgraph=True)
+    # Inductor's graphs share one pool per thread and replay in order: not on several streams at once.
+    compiled = torch.compile(model, options=no_graph_options(mode), dynamic=False, fullgraph=True)
+    return LaneGraphs(compiled, model.device)
 
 
 __all__ = ["ATTENTION_BACKENDS", "COMPILE_MODES", "FastPath", "attention_context", "compile_model",
