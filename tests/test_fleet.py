@@ -114,6 +114,7 @@ def test_a_controller_started_while_redis_is_away_waits_for_it(tmp_path: Path) -
             made[0]._stop.set()
             made[0].mirror.close()
             made[0]._thread.join(120)
+            assert not made[0]._thread.is_alive(), "the controller's loop did not end"
         if proc is not None:
             stop_redis(proc)
 
@@ -168,7 +169,8 @@ def test_a_camera_that_keeps_failing_holds_no_slot_a_moved_camera_needs(tmp_path
     with redis_server(tmp_path) as url:
         controller = FleetController(url, "p")
         controller._stop.set()  # its loop (which asks Ray) is not needed: the steps are called here
-        controller._thread.join(30)
+        controller._thread.join(120)
+        assert not controller._thread.is_alive(), "the controller's loop did not end"
         try:
             controller.spec = FleetSpec("tcp://127.0.0.1:1", url, 1)
             handles = {0: Handle(), 1: Handle()}
