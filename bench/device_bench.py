@@ -98,7 +98,8 @@ PHASES: list[Phase] = [
     Phase("syncs", phase_syncs, 10, 40, "host syncs in 3 engine submits"),
     Phase("pipeline", phase_pipeline, 45, 90, "6 end-to-end rows of 5 s + warm-up"),
     Phase("reference", phase_reference, 40, 90, "2 transformers models built on the GPU + timed groups"),
-    Phase("compile", phase_compile, 60, 120, "Inductor compile of pose 0.4B at batch 4 + CUDA graphs"),
+    Phase("compile", phase_compile, 60, 120, "Inductor compile of pose 0.4B at batch 4, its CUDA graph on the "
+          "pose lane; 2 x 30 steps: the lanes' spans, overlapped vs one stream"),
     Phase("sources", phase_sources, 15, 60, "1/2/4/8 1080p sources batched through one engine, pose 0.4B"),
     Phase("fastpath", phase_fastpath, 20, 45, "9 variants of pose x4"),
     Phase("transfers", phase_transfers, 10, 30, "3D keypoint step, copies, JPEG, libx264 (NVENC probed)",

@@ -9,7 +9,10 @@
 # minutes of device time, so a rerun fits.
 # Results land in $OUT: device_bench.md (the report, versions included), device_bench.json (every
 # number), device_bench.log (stdout + stderr: tracebacks of failed phases, the watchdog's dumps of
-# every thread of a phase that overran), gpu.txt.
+# every thread of a phase that overran), gpu.txt (the GPU, its driver, and the image's torch).
+# The bench runs on the device image's own torch, torchvision and triton (its python3): no carried
+# wheel may replace them (the carried packages are installed with --no-deps). A rerun of what
+# failed fits the session too: add --phases NAME,... (checkpoints are rebuilt first, ~25 s).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 YOLO_OFFLINE=1
 OUT=${OUT:-/tmp/out}
@@ -19,6 +22,9 @@ SECONDS=0
 mkdir -p "$OUT"
 LOG="$OUT/device_bench.log"
 : > "$LOG"
+for wheel in .whl/torch-*.whl .whl/torchvision-*.whl .whl/triton-*.whl; do
+  [ -e "$wheel" ] && { echo "error: $wheel would replace the device image's own torch stack" | tee -a "$LOG" >&2; exit 1; }
+done
 if compgen -G ".whl/*.whl" > /dev/null; then
   timeout -k 5 "$LIMIT_S" python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
       --target /tmp/site .whl/*.whl 2>&1 | tee -a "$LOG"
@@ -30,6 +36,9 @@ else
 fi
 echo "wheels installed in ${SECONDS} s" | tee -a "$LOG"
 timeout 15 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt" || true
+# The image's torch (what every phase runs on; the report's versions table says it again).
+timeout 60 python3 -c 'import sys, torch; print("torch", torch.__version__, "CUDA", torch.version.cuda, "at",
+torch.__file__, "on Python", sys.version.split()[0])' 2>&1 | tee -a "$OUT/gpu.txt" "$LOG"
 LEFT=$((LIMIT_S - SECONDS))
 BUDGET=$((LEFT - 25 < BUDGET_S ? LEFT - 25 : BUDGET_S))
 if [ "$BUDGET" -lt 60 ]; then

@@ -137,12 +137,17 @@ def phase_pipeline(ctx: Ctx) -> None:
         pose = PoseEstimator(ctx.ckpt("pose"), device=ctx.device, dtype=ctx.dtype, input_size=ctx.size)
         seg = Segmenter(ctx.ckpt("seg"), device=ctx.device, dtype=ctx.dtype, input_size=ctx.size)
         t0 = time.monotonic()
-        # Every shape once, each stage on the stream that runs it: pose buckets up to 4 persons, 1 frame.
+        # Every shape the rows reach, each stage on the stream that runs it (the lanes of a device are
+        # shared by its engines) and on this thread, which runs the rows' Runner too: pose buckets up
+        # to the most persons of a row, 1 frame, the detector on a frame uploaded as the engine does.
+        most = max(persons for persons, _, _ in PIPELINE_ROWS)
         warm = FrameEngine(Stages(ctx.device, FixedDetector(person_boxes(1, w, h)), {"pose": pose, "seg": seg}))
-        warm.warm_up(max_persons=4, max_frames=1)
+        warm.warm_up(max_persons=most, max_frames=1)
         if yolo is not None:
-            yolo.detect_batch([np.zeros((h, w, 3), np.uint8)])
-        ctx.say(f"warm-up (every pose bucket up to 4, seg, the detector): {time.monotonic() - t0:.1f} s\n")
+            from stages.sapiens2.preprocess import to_device_image
+
+            yolo.detect_tensors([to_device_image(np.zeros((h, w, 3), np.uint8), ctx.device)])
+        ctx.say(f"warm-up (every pose bucket up to {most}, seg, the detector): {time.monotonic() - t0:.1f} s\n")
         rows = []
         results = ctx.report.results["pipeline"] = []
         for persons, overlap, pinned in PIPELINE_ROWS:
