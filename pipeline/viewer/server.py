@@ -13,7 +13,8 @@ re-encodes an image); the page decodes them with the JavaScript client's browser
 browser gets only the newest message of each topic: a slow browser never makes the server queue
 frames for it (what it skipped is counted). A browser gets the pictures (``frame``, ``seg``,
 ``matte``) of the one source it shows (it says which over the WebSocket: ``{"source": "cam0"}``;
-all sources until it does), and the keypoints and status of every source (its picker and figures).
+all sources until it does), and the keypoints and status of every source (its picker and figures)
+and the world steps of every rig (its 3D view: small, triangulated from several cameras).
 Upstream topics other than ``status`` are subscribed only while some browser is connected (and
 ``keypoints`` while a watcher such as ``view --metrics`` reads them), so an unwatched pipeline
 encodes no frames for the viewer.
@@ -52,9 +53,9 @@ from ..net.http import HttpService, is_loopback_host
 
 log = logging.getLogger(__name__)
 
-STATIC = {"viewer.js": "text/javascript", "viewer.css": "text/css",
+STATIC = {"viewer.js": "text/javascript", "world3d.js": "text/javascript", "viewer.css": "text/css",
           "sapiens2-client.browser.js": "text/javascript"}
-PAGE_TOPICS = ("keypoints", "frame", "seg", "matte")
+PAGE_TOPICS = ("keypoints", "frame", "seg", "matte", "world")
 PICTURE_KINDS = frozenset({"frame", "seg", "matte"})  # sent to a browser for the source it shows only
 CLOSE_TIMEOUT_S = 2.0
 Watcher = Callable[[str, dict[str, Any]], None]  # (kind, validated header) of every accepted message

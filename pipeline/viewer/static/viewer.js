@@ -1,6 +1,7 @@
 // The sapiens2-stream live view: wire messages over a WebSocket, decoded here with the JavaScript
 // client's browser build, drawn on a canvas. Counters are mirrored on <body data-*> for tests.
 import { IMAGE_PART, WireError, decodeMessage, unpackFrames } from "./sapiens2-client.browser.js";
+import { WorldView } from "./world3d.js";
 
 const $ = (id) => document.getElementById(id);
 const body = document.body;
@@ -22,6 +23,8 @@ const state = {
   pending: false,
   ws: null,
   arrivals: 0,
+  world: null, // the WorldView, once the metadata came
+  leaving: false, // the page was left: its WebSocket is closed and not made again
 };
 
 function source(id) {
@@ -72,6 +75,10 @@ $("spaceview").addEventListener("change", () => schedule());
 
 // -- messages ----------------------------------------------------------------------------------
 async function handle(msg) {
+  if (msg.kind === "world") { // a rig's step, not a camera: it has its own view, not a place in the picker
+    state.world.update(msg);
+    return;
+  }
   const src = source(msg.source_id);
   if (msg.kind === "status") {
     src.status = msg;
@@ -388,6 +395,7 @@ function connect() {
   state.ws = ws;
   ws.onopen = () => { badge($("connection"), "connected", "ok"); tellServer(); };
   ws.onclose = () => {
+    if (state.ws !== ws || state.leaving) return; // closed on purpose (the page was left)
     badge($("connection"), "disconnected: retrying", "bad");
     setTimeout(connect, 1000);
   };
@@ -406,10 +414,25 @@ function connect() {
   };
 }
 
+// A page left for another stays alive in the browser's back/forward cache for minutes, and with it its
+// WebSocket: the viewer would go on sending it frames nobody sees. Close it when the page is left,
+// connect again if the page is shown from that cache.
+window.addEventListener("pagehide", () => {
+  state.leaving = true;
+  if (state.ws) state.ws.close();
+});
+window.addEventListener("pageshow", (event) => {
+  if (!event.persisted) return;
+  state.leaving = false;
+  connect();
+});
+
 async function start() {
   const response = await fetch("metadata.json");
   state.meta = await response.json();
   state.meta.hand = new Set([...state.meta.groups.left_hand, ...state.meta.groups.right_hand]);
+  state.world = new WorldView({ section: $("world"), canvas: $("world3d"), hint: $("worldhint"),
+                                picker: $("rigpicker"), select: $("rig") }, state.meta);
   connect();
 }
 start();
