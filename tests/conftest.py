@@ -1,8 +1,9 @@
-"""Shared fixtures: an offline CLI environment with tiny RANDOM-weight checkpoints made once per session;
+"""Shared fixtures: an offline CLI environment with tiny RANDOM-weight checkpoints made once per run;
 under CI=true a skipped test fails (CI runs every test); loggers made by a thread while a test phase starts."""
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import subprocess
@@ -79,13 +80,24 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 # -- fixtures --------------------------------------------------------------------------------
+TINY_TASKS = ("pose", "seg", "matting", "pointmap", "normal")  # every task: a run never makes one itself
+
+
+def shared_dir(factory: pytest.TempPathFactory) -> Path:
+    """A folder of this run that every xdist worker shares (each worker's base temp is its own)."""
+    base = factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("sapiens2-stream-cache")
+    folder = shared_dir(tmp_path_factory) / "sapiens2-stream-cache"
+    folder.mkdir(exist_ok=True)
+    return folder
 
 
 @pytest.fixture(scope="session")
-def cli_env(cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+def offline_env(cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     env = dict(os.environ)
     hf_home = tmp_path_factory.mktemp("empty-hf-home")  # no real weights can be found
     env.update(HF_HUB_OFFLINE="1", YOLO_OFFLINE="1", SAPIENS2_STREAM_CACHE=str(cache_dir), HF_HOME=str(hf_home),
@@ -94,28 +106,45 @@ def cli_env(cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[s
     # One intra-op thread: on a small shared CPU box, OpenMP threads spin against other processes
     # and a run gets ~6x slower (measured: 27 s vs 4.4 s for 16 frames of pose+seg at 320x240).
     env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    # Ray starts its workers at nice 15: beside the other test worker (nice 0) a Ray actor then gets a few
+    # percent of a core (measured: a tiny-pose actor's model load 96 s instead of ~10 s on a loaded box).
+    env.update(RAY_worker_niceness="0", RAY_USAGE_STATS_ENABLED="0")
     env.pop("HUGGINGFACE_HUB_CACHE", None)
     return env
 
 
 @pytest.fixture(scope="session")
-def tiny(cli_env: dict[str, str], cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Tiny checkpoints made once, up front, so that runs never race to create them."""
-    cwd = tmp_path_factory.mktemp("make-tiny")
-    procs = {task: subprocess.Popen([*CLI, "weights", "make-tiny", str(cache_dir / "tiny" / task), "--task", task],
-                                    env=cli_env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for task in ("pose", "seg", "matting", "pointmap")}
-    for task, proc in procs.items():
-        try:
-            out, err = proc.communicate(timeout=RUN_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
-            pytest.fail(f"make-tiny {task} timed out")
-        assert proc.returncode == 0, f"make-tiny {task} failed:\n{err}"
-        assert "RANDOM" in out
-        assert (cache_dir / "tiny" / task / "model.safetensors").is_file()
-    return cache_dir / "tiny"
+def tiny(offline_env: dict[str, str], cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Tiny checkpoints made once per run by ``weights make-tiny``, up front, so that runs never race to
+    create them: the first xdist worker to ask makes them, the other waits on the lock and finds them."""
+    folder = cache_dir / "tiny"
+    with open(cache_dir / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # held for the maker's runs, each under its own timeout
+        if (folder / ".made").exists():
+            return folder
+        cwd = tmp_path_factory.mktemp("make-tiny")
+        procs = {task: subprocess.Popen([*CLI, "weights", "make-tiny", str(folder / task), "--task", task],
+                                        env=offline_env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                        text=True)
+                 for task in TINY_TASKS}
+        for task, proc in procs.items():
+            try:
+                out, err = proc.communicate(timeout=RUN_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.communicate()
+                pytest.fail(f"make-tiny {task} timed out")
+            assert proc.returncode == 0, f"make-tiny {task} failed:\n{err}"
+            assert "RANDOM" in out
+            assert (folder / task / "model.safetensors").is_file()
+        (folder / ".made").touch()
+    return folder
+
+
+@pytest.fixture(scope="session")
+def cli_env(offline_env: dict[str, str], tiny: Path) -> dict[str, str]:
+    """The CLI's offline environment; its cache holds every tiny checkpoint already."""
+    return offline_env
 
 
 @pytest.fixture

@@ -24,9 +24,11 @@ import torch
 
 from bench import device_bench
 from bench.devicewatch import Phase, Supervisor
+from tests.cliutil import make_video
 
 REPO = Path(__file__).resolve().parents[1]
-ENV = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", YOLO_OFFLINE="1", PYTHONUNBUFFERED="1")
+ENV = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", YOLO_OFFLINE="1", PYTHONUNBUFFERED="1",
+           RAY_worker_niceness="0", RAY_USAGE_STATS_ENABLED="0")  # (conftest.py's cli_env says why)
 CUDA_ONLY = {"syncs"}  # phases whose measurement needs CUDA: on the CPU they run their code path and say so
 VERSIONED = ("torch", "torchvision", "transformers", "av", "zmq", "ultralytics", "lap", "cv2", "numpy", "msgpack",
              "safetensors")
@@ -173,8 +175,8 @@ def test_the_stages_benchmark_compares_ours_and_the_reference_per_stage(tmp_path
 
 @pytest.mark.timeout(300)
 def test_the_pose_benchmark_runs_both_paths(tmp_path: Path) -> None:
-    out = _script(tmp_path, "bench_pose_cpu", "--persons", "1", "--iters", "1", "--warmup", "1", "--threads", "1",
-                  timeout=280)
+    out = _script(tmp_path, "bench_pose_cpu", "--config", "tiny", "--persons", "1", "--iters", "1", "--warmup", "1",
+                  "--threads", "1", timeout=280)
     [row] = out["rows"]
     assert row["persons"] == 1 and row["ours p50 ms"] > 0 and row["reference p50 ms"] > 0
 
@@ -188,8 +190,9 @@ def test_the_publish_benchmark_times_no_reading_and_stopped_subscribers(tmp_path
 
 @pytest.mark.timeout(400)
 def test_the_faults_benchmark_measures_a_kill_a_bomb_and_the_subscriber_cases(tmp_path: Path) -> None:
-    out = _script(tmp_path, "bench_faults", "--kill-at", "10", "--rounds", "1", "--window", "10,25", "--bomb-side",
-                  "8000", timeout=380)
+    clip = make_video(tmp_path / "walk.mp4", 150, w=160, h=120)  # (the demo's 720p frames cost 10x as much)
+    out = _script(tmp_path, "bench_faults", "--source", str(clip), "--kill-at", "10", "--rounds", "1", "--window",
+                  "10,25", "--bomb-side", "8000", timeout=380)
     rows = {r["case"]: r for r in out["rows"]}
     for suffix in (".mp4", ".mkv"):
         kill = rows[f"SIGKILL while recording {suffix}"]

@@ -23,6 +23,7 @@ from pathlib import Path
 import msgpack
 import numpy as np
 import pytest
+import redis
 import zmq
 
 from pipeline.cluster.streams import decode_entry, list_streams
@@ -35,7 +36,6 @@ from stages.types import Detections, Frame, FrameResult, Keypoints, StreamInfo
 from tests.cliutil import CLI, OFFLINE, assert_one_clear_error, make_video, read_jsonl, run_cli
 from tests.clusterutil import free_port
 
-redis = pytest.importorskip("redis")
 NO_RETRY = redis.retry.Retry(redis.backoff.NoBackoff(), 0)  # a test's own client must not wait out an outage
 REPO = Path(__file__).resolve().parents[1]
 _SUMMARY = re.compile(r"^bridge: stored (\d+), bad (\d+)(?: \((.*)\))?, dropped (\d+), disconnects (\d+)$")
