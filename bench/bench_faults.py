@@ -8,8 +8,8 @@ a reading one and a stopped one (SIGSTOP).
 ``--repo`` runs the command line and the subscriber of another checkout (e.g. a git worktree of
 an older commit) with this environment, so one machine gives the before and after figures.
 
-Every run is the CLI on the embedded demo clip (180 frames of 1280x720) with tiny random-weight
-pose checkpoints and the full frame as the person box, on the CPU:
+Every run is the CLI on the embedded demo clip (180 frames of 1280x720; ``--source`` another) with tiny
+random-weight pose checkpoints and the full frame as the person box, on the CPU:
 - kill: ``--record`` (.mp4 and .mkv) and ``--save-keypoints``; SIGKILL once the keypoint file has
   ``--kill-at`` frames; then the frames PyAV decodes from the recording against the frames the
   keypoint file holds.
@@ -43,8 +43,7 @@ import zlib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-RUN = ["--source", "demo", "--fallback-tiny", "--tasks", "pose", "--detector", "full-frame", "--device", "cpu",
-       "--no-progress"]
+RUN = ["--fallback-tiny", "--tasks", "pose", "--detector", "full-frame", "--device", "cpu", "--no-progress"]
 BOMBS = ("png_bomb_declared_large", "png_bomb_declared_small")
 
 
@@ -92,9 +91,10 @@ def decodable_frames(path: Path) -> int:
     return count
 
 
-def kill_case(suffix: str, env: dict[str, str], tmp: Path, kill_at: int) -> dict:
+def kill_case(suffix: str, env: dict[str, str], tmp: Path, kill_at: int, source: str) -> dict:
     record, keypoints = tmp / f"kill{suffix}", tmp / f"kill{suffix}.jsonl"
-    proc = subprocess.Popen(cli(*RUN, "--record", record, "--save-keypoints", keypoints), env=env, cwd=tmp,
+    proc = subprocess.Popen(cli("--source", source, *RUN, "--record", record, "--save-keypoints", keypoints), env=env,
+                            cwd=tmp,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     reached = wait_for_lines(keypoints, kill_at, proc, 600)
     proc.kill()
@@ -182,12 +182,13 @@ def bomb_case(name: str, env: dict[str, str], png: bytes, tmp: Path) -> dict:
                 survived=report.get("error") is None, error=report.get("error"), stats=report.get("stats"))
 
 
-def rate_case(mode: str, env: dict[str, str], tmp: Path, first: int, last: int) -> dict:
+def rate_case(mode: str, env: dict[str, str], tmp: Path, first: int, last: int, source: str) -> dict:
     keypoints = tmp / f"rate-{mode}.jsonl"
     keypoints.unlink(missing_ok=True)  # an earlier round's
     port = free_port()
-    proc = subprocess.Popen(cli(*RUN, "--publish", f"tcp://127.0.0.1:{port}", "--save-keypoints", keypoints), env=env,
-                            cwd=tmp, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cli("--source", source, *RUN, "--publish", f"tcp://127.0.0.1:{port}", "--save-keypoints",
+                                keypoints), env=env, cwd=tmp, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
     sub = None
     try:
         if mode != "none":
@@ -204,6 +205,7 @@ def rate_case(mode: str, env: dict[str, str], tmp: Path, first: int, last: int) 
         cpu1 = cpu_seconds(proc.pid)
         if start is None or end is None:
             raise SystemExit(f"the {mode} run ended early:\n{proc.communicate()[1][-2000:]}")
+        proc.send_signal(signal.SIGINT)  # measured: the rest of the source is not needed
         proc.wait(600)
     finally:
         if sub is not None and sub.poll() is None:
@@ -233,6 +235,7 @@ def free_port() -> int:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repo", type=Path, default=REPO, help="the checkout whose CLI and subscriber run")
+    ap.add_argument("--source", default="demo", help="what every run reads (the smoke test: a small clip)")
     ap.add_argument("--kill-at", type=int, default=60, help="frames in the keypoint file at the SIGKILL")
     ap.add_argument("--parts", default="kill,bomb,subscriber")
     ap.add_argument("--bomb-side", type=int, default=30000, help="pixels per side of the PNG bomb (a multiple of 1000)")
@@ -247,9 +250,11 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as folder:
         tmp = Path(folder)
         env = environment(args.repo.resolve(), tmp / "cache")
-        subprocess.run(cli(*RUN, "--max-frames", "1"), env=env, cwd=tmp, check=True, capture_output=True)  # checkpoints
+        source = args.source if args.source == "demo" else str(Path(args.source).resolve())
+        subprocess.run(cli("--source", source, *RUN, "--max-frames", "1"), env=env, cwd=tmp, check=True,
+                       capture_output=True)  # checkpoints
         if "kill" in parts:
-            rows += [kill_case(suffix, env, tmp, args.kill_at) for suffix in (".mp4", ".mkv")]
+            rows += [kill_case(suffix, env, tmp, args.kill_at, source) for suffix in (".mp4", ".mkv")]
         if "bomb" in parts:
             png = real_bomb(args.bomb_side)
             rows += [{**bomb_case(name, env, png, tmp), "png_kb": len(png) // 1024} for name in BOMBS]
@@ -257,7 +262,7 @@ def main() -> int:
             runs: dict[str, list[dict]] = {"none": [], "reading": [], "stopped": []}
             for _ in range(args.rounds):
                 for mode, got in runs.items():
-                    got.append(rate_case(mode, env, tmp, *args.window))
+                    got.append(rate_case(mode, env, tmp, *args.window, source))
 
             def median(mode: str, key: str) -> float:
                 return statistics.median(r[key] for r in runs[mode])

@@ -8,6 +8,7 @@ hits both alike. Prints a table and the ratio; ``--json`` writes all numbers. ``
 is the fuller version (model-only rows, seg, matting, GPU).
 
     .venv/bin/python bench/bench_pose_cpu.py [--persons 1 2 4] [--iters 5] [--json out.json]
+    .venv/bin/python bench/bench_pose_cpu.py --config tiny --persons 1 --iters 1   # a smoke run: seconds
 """
 
 from __future__ import annotations
@@ -25,24 +26,26 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.bench_stages import CONFIGS, build_pair  # noqa: E402
 from bench.harness import add_common_args, dump_json, load_average, machine_info, measure_interleaved, table, wait_quiet  # noqa: E402
 
-MEDIUM = CONFIGS["medium"]
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--persons", type=int, nargs="+", default=[1, 2, 4])
+    ap.add_argument("--config", choices=sorted(CONFIGS), default="medium", help="the random model's size")
     add_common_args(ap, iters=5, warmup=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     from transformers import Sapiens2ImageProcessor
 
-    proc = Sapiens2ImageProcessor(size={"height": 512, "width": 384})
+    spec = CONFIGS[args.config]
+    h_in, w_in = spec["arch"]["image_size"]
+    proc = Sapiens2ImageProcessor(size={"height": h_in, "width": w_in})
     rng = np.random.default_rng(0)
     image = rng.integers(0, 255, (720, 1280, 3), dtype=np.uint8)
     rows, stats = [], {}
     load0 = load_average()
     with tempfile.TemporaryDirectory() as tmp:
-        ref, ours = build_pair("pose", "medium", Path(tmp), torch.device("cpu"), torch.float32)
+        ref, ours = build_pair("pose", args.config, Path(tmp), torch.device("cpu"), torch.float32)
         for n in args.persons:
             x1 = rng.uniform(0, 900, n)
             y1 = rng.uniform(0, 300, n)
@@ -62,14 +65,15 @@ def main() -> int:
             rows.append({"persons": n, "ours p50 ms": s["ours"].p50, "ours p95 ms": s["ours"].p95,
                          "reference p50 ms": s["reference"].p50, "reference p95 ms": s["reference"].p95,
                          "speed-up": f"{s['reference'].p50 / s['ours'].p50:.2f}x"})
-    arch = MEDIUM["arch"]
-    print(f"pose path, random medium config (D={arch['hidden_size']} L={arch['num_hidden_layers']} "
-          f"H={arch['num_attention_heads']}, 512x384 input), 1280x720 image, CPU float32, {args.threads} threads, "
+    arch = spec["arch"]
+    print(f"pose path, random {args.config} config (D={arch['hidden_size']} L={arch['num_hidden_layers']} "
+          f"H={arch['num_attention_heads']}, {h_in}x{w_in} input), 1280x720 image, CPU float32, {args.threads} threads, "
           f"torch {torch.__version__}, {args.iters} iters (+{args.warmup} warm-up), interleaved; "
           f"1-min load {load0} -> {load_average()} on {machine_info()['cpus']} cores")
     print(table(rows, floatfmt=".1f"))
     if args.json:
-        dump_json(args.json, {"config": MEDIUM, "rows": rows, "stats": stats, "machine": machine_info()})
+        dump_json(args.json, {"config": spec, "config_name": args.config, "rows": rows, "stats": stats,
+                              "machine": machine_info()})
     return 0
 
 
