@@ -301,18 +301,25 @@ def test_control_endpoint_adds_lists_and_removes_sources(tiny: Path, cli_env: di
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         endpoint = f"tcp://127.0.0.1:{s.getsockname()[1]}"
-    long_clip = make_video(tmp_path / "long-input.mp4", n=1800)  # a minute at 30 fps, paced as live below
-    extra_clip = make_video(tmp_path / "extra-input.mp4", n=40, w=256, h=192)
+    from pipeline.net.control import request
+
+    # Two minutes paced as live at 10 fps, small: the live source is there to be joined and left, and a
+    # 320x240 one at 30 fps kept a core busy for the whole test.
+    long_clip = make_video(tmp_path / "long-input.mp4", n=1200, w=96, h=64, fps=10)
+    extra_clip = make_video(tmp_path / "extra-input.mp4", n=40, w=64, h=48)
     pipeline = subprocess.Popen([*CLI, "--source", f"live={long_clip}", "--realtime", *POSE, "--control", endpoint,
                                  "--record", tmp_path / "{source}.mp4", "--save-keypoints", tmp_path / "all.jsonl"],
                                 env=cli_env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
-        while True:  # the endpoint answers once the models loaded
-            listed = _control(endpoint, "--timeout", "2", "list")
-            if listed.returncode == 0:
+        while True:  # the endpoint answers once the models loaded (asked here: a CLI per try costs a second)
+            try:
+                request(endpoint, {"cmd": "list"}, timeout_s=2)
                 break
-            assert pipeline.poll() is None and time.monotonic() < deadline, pipeline.communicate()[1]
+            except TimeoutError:
+                assert pipeline.poll() is None and time.monotonic() < deadline, pipeline.communicate()[1]
+        listed = _control(endpoint, "list")
+        assert listed.returncode == 0, listed.stderr
         assert [json.loads(x)["id"] for x in listed.stdout.splitlines()] == ["live"]
         added = _control(endpoint, "add", f"extra={extra_clip}", "--no-realtime")  # a file: every frame
         assert added.returncode == 0 and json.loads(added.stdout)["id"] == "extra", added.stderr
@@ -332,8 +339,6 @@ def test_control_endpoint_adds_lists_and_removes_sources(tiny: Path, cli_env: di
         for bad, why in ((f"={clips['b']}", "name is empty"), (f"{'x' * 100}={clips['b']}", "1-64")):
             refused = _control(endpoint, "add", bad)
             assert refused.returncode != 0 and why in refused.stderr, refused.stderr
-        from pipeline.net.control import request
-
         for message, why in (({"stall_timeout_s": float("nan")}, "positive number"),  # json.dumps writes NaN
                              ({"stall_timeout_s": float("inf")}, "positive number"),
                              ({"bogus": 1}, "unknown key 'bogus'")):
