@@ -4,8 +4,8 @@ The pipelines run offline on tiny random weights, one publishing annotated frame
 (--publish-raw-frames); the browser must draw frames, show the figures the pipeline publishes, lock
 the layers of an annotated picture and toggle them over a raw one (checked on the picture itself,
 against the published frame), and draw a rig's world steps in 3D. Screenshots are kept
-(out/artifacts/viewer.png, and viewer-demo.png of the README's command, the source of
-docs/viewer.png; docs/world3d.png) for a person to look at. One Chromium serves every test of the
+(out/artifacts/viewer.png, viewer-demo.png of the README's command, the source of docs/viewer.png,
+and world3d.png, of docs/world3d.png) for a person to look at. One Chromium serves every test of the
 session, on a blank page again after each. (The HTTP side without a browser: test_viewer_http.py.)
 """
 
@@ -576,7 +576,7 @@ def test_the_world_steps_of_a_rig_are_drawn_in_3d_and_turn_with_a_drag(driver) -
     """A rig's world messages reach the page (a viewer forwards them to every browser), which draws
     the valid points and the skeleton links between them in 3D with a floor grid, axes and the
     person ids; a drag turns the view; with no world message for a while the panel hides again.
-    The panel's picture is kept as docs/world3d.png."""
+    The panel's picture is kept (out/artifacts/world3d.png, the source of docs/world3d.png)."""
     from selenium.webdriver.common.action_chains import ActionChains
 
     from pipeline.viewer.server import ViewServer
@@ -604,7 +604,8 @@ def test_the_world_steps_of_a_rig_are_drawn_in_3d_and_turn_with_a_drag(driver) -
             topics = asyncio.run(_world_topics(viewer.url, "cam0", 3))  # a page showing a camera gets them too
             assert topics.count("world.rig") >= 3, topics
             canvas = driver.find_element("id", "world3d")
-            shot = REPO / "docs" / "world3d.png"
+            shot = REPO / "out" / "artifacts" / "world3d.png"  # the source of docs/world3d.png
+            shot.parent.mkdir(parents=True, exist_ok=True)
             driver.execute_script("document.getElementById('world').scrollIntoView();")
             driver.find_element("id", "world").screenshot(str(shot))
             before, yaw, pitch = _world_canvas(driver), attr(driver, "data-world-yaw"), attr(driver, "data-world-pitch")
