@@ -134,9 +134,12 @@ class PoseStub:
         n = len(heatmaps)
         return self.xy[:n], self.scores[:n]
 
-    def run_batch(self, images: list[torch.Tensor], boxes: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    def run_batch(self, images: list[torch.Tensor],
+                  boxes: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
         n = sum(len(b) for b in boxes)
-        return self.postprocess(self.infer(self.crops, n), torch.cat(boxes))
+        heatmaps = self.infer(self.crops, n)
+        xy, scores = self.postprocess(heatmaps, torch.cat(boxes))
+        return xy, scores, [heatmaps, xy, scores]  # what the engine checks for non-finite values, as the estimator's
 
     class fastpath:  # noqa: N801 - stands in for the estimator's FastPath
         cuda_graphs = False
