@@ -132,3 +132,20 @@ def test_an_infinite_keypoint_is_caught_before_it_is_clamped_to_the_image(
         est.postprocess = postprocess
 
     _assert_same(_run_poisoned("pose", checkpoints["pose"], poison, caplog), _clean("pose", checkpoints["pose"]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_the_finite_check_is_exact_at_the_ends_of_each_dtype(dtype: torch.dtype) -> None:
+    """all_finite sums in float64 (one pass, no bool tensor of the input's size): the largest finite
+    values of a dtype do not overflow it, and one Inf, -Inf or NaN (or Inf and -Inf together) is seen."""
+    from pipeline.lanes import all_finite
+
+    big = torch.full((1000,), torch.finfo(dtype).max, dtype=dtype)
+    assert bool(all_finite([big, -big]))
+    for bad in [*BAD.values(), None]:
+        poisoned = big.clone()
+        if bad is None:
+            poisoned[0], poisoned[1] = float("inf"), float("-inf")
+        else:
+            poisoned[7] = bad
+        assert not bool(all_finite([big, poisoned])), bad
