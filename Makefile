@@ -25,12 +25,13 @@ install: $(STAMP) $(JS_STAMP)
 # pytest exits 5 when it collects no tests: that is not a failure of the code.
 test: test-python test-js
 
-# Two workers, one test file each at a time (--dist loadfile keeps a file's module fixtures, such as
-# the fleet's Ray cluster, in one process): most tests wait on subprocesses with one torch thread.
+# Two workers: most tests wait on subprocesses with one torch thread. --dist loadgroup: a file's tests
+# run in one worker (its module fixtures, such as the fleet's Ray cluster, made once) except the files
+# tests/conftest.py spreads test by test; the slow ones start first.
 TEST_WORKERS ?= 2
 
 test-python: $(STAMP)
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests clients/python/tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup tests clients/python/tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
 
 test-js: $(STAMP) $(JS_STAMP)
 	cd $(JS) && SAPIENS2_STREAM_CLI=$(CURDIR)/$(VENV)/bin/sapiens2-stream SAPIENS2_STREAM_PYTHON=$(CURDIR)/$(PY) npm test

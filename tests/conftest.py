@@ -79,6 +79,32 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(NoSkipsInCI(), "sapiens2-no-skips-in-ci")
 
 
+# A file's tests run in one worker (``make test-python``: ``-n 2 --dist loadgroup``), so that its module
+# fixtures (the fleet's Ray cluster, a CLI run several tests read) are made once; except in these files,
+# whose tests are long and share nothing costly: each test goes to whichever worker is free.
+SPREAD = {"test_archive.py", "test_bench_smoke.py", "test_faults.py", "test_multisource.py",
+          "test_network_faults.py"}
+LONG = {"test_viewer.py"}  # a long file that marks no test slow (a Chromium and pipelines in its fixtures)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The xdist groups (see SPREAD), and the units that hold a test marked slow first, whole files before
+    single tests: the last unit a worker starts bounds the run, so that one should be short."""
+    if config.getoption("dist", default="no") != "loadgroup":
+        return
+
+    def unit(item: pytest.Item) -> str:
+        return item.nodeid if item.path.name in SPREAD else item.nodeid.split("::")[0]
+
+    for item in items:
+        if item.path.name not in SPREAD:
+            item.add_marker(pytest.mark.xdist_group(unit(item)))
+    slow = {unit(item) for item in items if item.get_closest_marker("slow") or item.path.name in LONG}
+    # (stable: otherwise in the order collected)
+    items.sort(key=lambda item: (unit(item) not in slow, item.path.name in SPREAD))
+
+
 # -- fixtures --------------------------------------------------------------------------------
 TINY_TASKS = ("pose", "seg", "matting", "pointmap", "normal")  # every task: a run never makes one itself
 

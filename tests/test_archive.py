@@ -114,6 +114,7 @@ def _markers(out: Path) -> dict[str, dict]:
 
 
 # -- the archive, killed and resumed -----------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_batch_killed_then_resumed_does_each_video_once(archive: Path, ray_env: dict[str, str], tiny: Path,
                                                         tmp_path: Path) -> None:
@@ -185,6 +186,7 @@ def test_batch_killed_then_resumed_does_each_video_once(archive: Path, ray_env: 
     assert [p.name for p in out.rglob(".*")] == [".lock"], "temporary files remain"  # (the run's lock stays)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_sigterm_stops_the_batch_as_ctrl_c_does(archive: Path, ray_env: dict[str, str], tiny: Path,
                                                 tmp_path: Path) -> None:
@@ -209,6 +211,7 @@ def test_sigterm_stops_the_batch_as_ctrl_c_does(archive: Path, ray_env: dict[str
     assert "video_id" in stdout  # the table
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_on_a_terminal_batch_shows_a_bar_over_the_videos(ray_env: dict[str, str], tiny: Path, tmp_path: Path) -> None:
     """stderr a terminal (a pty that reports no size, as some do: the harder case, where tqdm alone
@@ -248,6 +251,7 @@ def test_on_a_terminal_batch_shows_a_bar_over_the_videos(ray_env: dict[str, str]
     assert "2 inputs: 2 done" in stdout
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_a_video_that_kills_its_worker_every_time_fails_alone(ray_env: dict[str, str], tiny: Path,
                                                                tmp_path: Path) -> None:
@@ -283,6 +287,7 @@ def test_a_video_that_kills_its_worker_every_time_fails_alone(ray_env: dict[str,
     assert sorted(p.name for p in (out / "poison").iterdir()) == [FAILED]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_workers_that_die_while_loading_the_models_end_the_job(ray_env: dict[str, str], tiny: Path,
                                                                tmp_path: Path) -> None:

@@ -39,6 +39,7 @@ def _bench(tmp_path: Path, *args: str, timeout: float) -> subprocess.CompletedPr
                            *args], env=ENV, cwd=tmp_path, capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_device_bench_smoke_runs_every_phase(tmp_path: Path) -> None:
     ran = _bench(tmp_path, "--seconds", "1.5", timeout=380)
@@ -124,6 +125,7 @@ def _script(tmp_path: Path, name: str, *args: str, timeout: float) -> dict:
     return json.loads(out.read_text())
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_the_archive_benchmark_runs_the_loop_and_the_batch_command(tmp_path: Path) -> None:
     out = _script(tmp_path, "bench_archive", "--videos", "2", "--frames", "4", "--workers", "1", timeout=280)
@@ -133,6 +135,7 @@ def test_the_archive_benchmark_runs_the_loop_and_the_batch_command(tmp_path: Pat
         assert row["frames_per_s"] > 0 and row["steady_vs_loop"] > 0
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_the_many_sources_benchmark_runs_batched_and_separate(tmp_path: Path) -> None:
     out = _script(tmp_path, "bench_multisource", "--sources", "1,2", "--frames", "4", "--warmup", "1", "--threads",
@@ -143,6 +146,7 @@ def test_the_many_sources_benchmark_runs_batched_and_separate(tmp_path: Path) ->
         assert row["separate"]["fps"] > 0 and row["batched"]["memory_mb"] > 0
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(480)
 def test_the_fleet_benchmark_measures_overhead_and_a_failover(tmp_path: Path) -> None:
     out = _script(tmp_path, "bench_fleet", "--cameras", "2", "--warmup", "1", "--window", "3", "--failovers", "1",
@@ -162,6 +166,7 @@ def test_the_overhead_benchmark_times_every_part_and_gives_a_verdict(tmp_path: P
     assert out["verdict"] in ("MET", "MISSED") and out["our_code_ms"] > 0 and out["target_ms"] == 5.0
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_the_stages_benchmark_compares_ours_and_the_reference_per_stage(tmp_path: Path) -> None:
     out = _script(tmp_path, "bench_stages", "--config", "tiny", "--persons", "1", "--iters", "1", "--warmup", "1",
@@ -173,6 +178,7 @@ def test_the_stages_benchmark_compares_ours_and_the_reference_per_stage(tmp_path
     assert any(stage.startswith("frame (") for stage, _ in rows)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_the_pose_benchmark_runs_both_paths(tmp_path: Path) -> None:
     out = _script(tmp_path, "bench_pose_cpu", "--config", "tiny", "--persons", "1", "--iters", "1", "--warmup", "1",
@@ -188,6 +194,7 @@ def test_the_publish_benchmark_times_no_reading_and_stopped_subscribers(tmp_path
     assert all(r["p50 ms"] > 0 for r in out["rows"]) and out["stopped_dropped"] >= 0
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_the_faults_benchmark_measures_a_kill_a_bomb_and_the_subscriber_cases(tmp_path: Path) -> None:
     clip = make_video(tmp_path / "walk.mp4", 150, w=160, h=120)  # (the demo's 720p frames cost 10x as much)

@@ -152,6 +152,7 @@ def test_corrupt_file(tiny: Path, cli_env: dict[str, str], tmp_path: Path) -> No
     assert not out_mp4.exists()
 
 
+@pytest.mark.slow
 def test_a_matroska_file_cut_short_is_an_error_and_a_whole_one_is_not(tiny: Path, cli_env: dict[str, str],
                                                                       tmp_path: Path) -> None:
     """Matroska states no frame count, only a duration: a file whose video ends well before it (a

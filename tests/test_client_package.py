@@ -41,6 +41,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_the_client_suite_passes_without_torch_or_opencv(client_venv: Path) -> None:
     """The client's own tests, in its own environment: images go through Pillow there, not OpenCV."""
     ran = subprocess.run([str(client_venv / "bin" / "python"), "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",

@@ -294,6 +294,7 @@ def _control(endpoint: str, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([*CLI, "control", "--endpoint", endpoint, *args], capture_output=True, text=True, timeout=90)
 
 
+@pytest.mark.slow
 def test_control_endpoint_adds_lists_and_removes_sources(tiny: Path, cli_env: dict[str, str], tmp_path: Path,
                                                         clips: dict[str, Path]) -> None:
     import socket

@@ -160,6 +160,7 @@ def consume(redis_url: str, key: str, hold_at: int, env: dict[str, str]) -> list
 
 
 # -- (a) a pipeline run lands in its source's stream --------------------------------------------
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_pipeline_run_is_stored_one_entry_per_keypoint_message(cli_env: dict[str, str], tmp_path: Path,
                                                                redis_url: str) -> None:
