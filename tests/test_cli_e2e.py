@@ -182,7 +182,7 @@ def test_truncated_file(tiny: Path, cli_env: dict[str, str], tmp_path: Path, fas
     ran = run_cli(["--source", path, "--tasks", "pose", *OFFLINE, "--record", out_mp4,
                    "--save-keypoints", out_jsonl], cli_env, tmp_path)
     assert "Traceback" not in ran.stderr
-    assert ran.elapsed < 30.0
+    assert "(stalled)" not in ran.stderr  # the decoder found the damage, not the stall watchdog's timeout
     if ran.rc == 0:
         video = decode_video(out_mp4)
         assert 1 <= video.count < n and strictly_increasing(video.pts)
@@ -264,17 +264,17 @@ def test_signal_stops_cleanly(tiny: Path, cli_env: dict[str, str], tmp_path: Pat
                 time.sleep(0.05)
             assert proc.poll() is None, "the run ended before it could be signalled"
             assert len(out_jsonl.read_text().splitlines()) >= 3, "no 3 frames within the deadline"
-            sent = time.monotonic()
             proc.send_signal(signum)
-            rc = proc.wait(timeout=20)
-            stop_s = time.monotonic() - sent
+            try:
+                rc = proc.wait(timeout=60)  # a deadline, generous for a loaded machine: never a hang
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"still running 60 s after {signum.name}")
         finally:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(timeout=10)
         err.seek(0)
         stderr = err.read()
-    assert stop_s < 20.0
     # A requested stop is a clean finish: run_pipeline returns 0 after closing every output.
     assert rc == 0, f"rc={rc}\n{stderr}"
     assert f"{signum.name} received" in stderr

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import select
 import socket
 import subprocess
 import sys
@@ -68,8 +69,6 @@ def _subscribed_to_rogue(*args: object) -> Iterator[tuple[zmq.Socket, subprocess
 
 def _until_joined(sock: zmq.Socket, proc: subprocess.Popen, marker: list[bytes]) -> None:
     """Send ``marker`` until the subscriber process prints something (slow-joiner safe)."""
-    import select
-
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         sock.send_multipart(marker)
@@ -96,8 +95,9 @@ def test_subscriber_cli_survives_every_malformed_message() -> None:
 
 
 def _peak_rss_of_subscriber(frames: list[bytes], limit_mb: float = 64.0) -> tuple[int, dict, int]:
-    """Run a Subscriber in a child process, send ``frames`` then good messages; returns how much the
-    child's peak RSS grew after it was ready (kB), its skip counts and how many good messages it got."""
+    """Run a Subscriber in a child process, send ``frames`` once it receives, then good messages; returns how
+    much the child's peak RSS grew after it was ready (kB), its skip counts and how many good messages it got
+    after ``frames`` were refused."""
     ctx, sock, endpoint = _rogue()
     code = f"""
 import json, resource, sys
@@ -105,11 +105,12 @@ sys.path.insert(0, {str(Path(__file__).resolve().parents[1] / "clients" / "pytho
 from sapiens2_client.subscriber import Subscriber, ReceiveTimeout
 sub = Subscriber({endpoint!r}, [""], max_message_bytes=int({limit_mb} * 2**20))
 got = 0
+sub.recv(timeout_s=60)  # connected and subscribed: what comes next is not lost to the slow joiner
 print("ready", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, flush=True)
-while got < 3:
+while got < 3:  # good messages after the bad one was refused (good ones queued before it do not count)
     try:
         sub.recv(timeout_s=30)
-        got += 1
+        got += bool(sum(sub.stats.skipped.values()) or sub.stats.disconnects)
     except ReceiveTimeout:
         break
 print(json.dumps({{"rss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "skipped": dict(sub.stats.skipped),
@@ -117,10 +118,13 @@ print(json.dumps({{"rss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
 """
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
+        deadline = time.monotonic() + 60
+        while not select.select([proc.stdout], [], [], 0.05)[0]:  # good messages until it has one
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1]
+            sock.send_multipart(GOOD_STATUS)
         ready = proc.stdout.readline().split()
-        assert ready[0] == "ready"
+        assert ready[0] == "ready", ready
         baseline_kb = int(ready[1])
-        time.sleep(0.5)  # let the SUB connect (slow joiner); extra good messages below make up for a late one
         sock.send_multipart(frames)
         for _ in range(200):
             sock.send_multipart(GOOD_STATUS)
@@ -373,9 +377,7 @@ def test_status_events_holding_bytes_and_lone_surrogates_never_crash_the_cli(tmp
                _with_header(good, True, event={"event": "stalled", "reason": "\udfff"})]
     args = [str(a).format(tmp=tmp_path) for a in mode]
     with _subscribed_to_rogue("--topic", "status", *args, "--count", "3", "--timeout", "30") as (sock, proc):
-        if "--save-keypoints" in mode:
-            time.sleep(1.0)  # nothing is printed to wait for: give the slow joiner a moment, then repeat below
-        else:
+        if "--save-keypoints" not in mode:  # (that one prints nothing to wait for: the loop below repeats)
             _until_joined(sock, proc, good)
         deadline = time.monotonic() + 60
         while proc.poll() is None and time.monotonic() < deadline:  # until --count is reached (also a slow join)

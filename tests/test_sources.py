@@ -50,7 +50,7 @@ def drain(source: Source, budget_s: float = 10.0) -> list[Frame]:
             frames.append(frame)
 
 
-def wait_for(predicate, budget_s: float = 5.0) -> bool:
+def wait_for(predicate, budget_s: float = 30.0) -> bool:
     deadline = time.monotonic() + budget_s
     while time.monotonic() < deadline:
         if predicate():
@@ -144,12 +144,11 @@ def test_bad_files_fail_with_one_clear_error(tmp_path: Path, kind: str, message:
     elif kind.startswith("truncated"):
         make_video(path, n=30, faststart=kind.endswith("faststart"))
         _truncate(path)
-    start = time.monotonic()
     with pytest.raises(SourceError, match=message) as info:
         with open_source(str(path)) as source:
             drain(source)
     assert str(path) in str(info.value)
-    assert time.monotonic() - start < 5.0
+    assert "no frame within" not in str(info.value)  # the reader's own error, not a timeout that ran out
 
 
 def test_camera_that_does_not_exist_fails_clearly() -> None:
@@ -301,13 +300,14 @@ def test_stalled_live_source_is_reopened(refuse_opens: bool) -> None:
     assert source.health == "ended"
 
 
-def test_stop_is_prompt_with_a_full_queue(tmp_path: Path) -> None:
+def test_stop_is_prompt_with_a_full_queue(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     path = make_video(tmp_path / "clip.mp4", n=60)
     source = open_source(str(path), queue_size=2).start()
-    time.sleep(0.3)  # decode thread is now blocked on the full queue
-    start = time.monotonic()
-    source.stop()
-    assert time.monotonic() - start < 1.0
+    assert wait_for(lambda: len(source._channel._items) == 2)  # the decode thread now waits on the full queue
+    with caplog.at_level("WARNING"):
+        source.stop()
+    assert not source._thread.is_alive()  # it saw the stop while waiting: stop() did not abandon it
+    assert "abandoning it" not in caplog.text
     with pytest.raises(SourceEnded):
         for _ in range(10):
             source.read(timeout=0.1)
@@ -340,5 +340,5 @@ def test_open_that_hangs_times_out_with_a_clear_error() -> None:
     start = time.monotonic()
     with pytest.raises(SourceError, match="no frame within 0.3 s"):
         source.open()
-    assert time.monotonic() - start < 2.0
+    assert time.monotonic() - start < 10.0  # the 0.3 s timeout ended it, not the default 15 s (generous: load)
     source.stop()

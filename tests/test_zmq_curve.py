@@ -45,7 +45,12 @@ def test_authorised_subscriber_receives_everything_others_nothing(keys: Path, pu
     plain = Subscriber(pub.endpoint, ["keypoints"])
     try:
         assert pub.wait_for_subscriber("keypoints.cam0", 5)
-        time.sleep(0.3)  # give the refused handshakes time to finish (and fail)
+        for sub in (bad, plain):  # until each one's handshake was refused (a fixed pause: maybe not yet done)
+            deadline = time.monotonic() + 60
+            while sub.stats.handshakes_failed == 0:
+                assert time.monotonic() < deadline, f"no refused handshake seen: {sub.stats}"
+                with pytest.raises(ReceiveTimeout):
+                    sub.recv(timeout_s=0.1)
         for i in range(5):
             pub.write(_result(i))
             time.sleep(0.01)
