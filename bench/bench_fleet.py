@@ -154,6 +154,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=5.0, help="seconds after the first frames")
     parser.add_argument("--window", type=float, default=20.0, help="seconds counted")
     parser.add_argument("--failovers", type=int, default=2)
+    parser.add_argument("--standalone-runs", type=int, choices=(1, 2), default=2,
+                        help="standalone runs: before and after the fleet's (2), or before only (1: a smoke run)")
     parser.add_argument("--json", help="write every figure here")
     args = parser.parse_args()
 
@@ -192,8 +194,10 @@ def main() -> None:
             results["fleet_fps"] = count_rate(sub, set(cameras), args.warmup, args.window)
             fleet_cli(["down", *common], env, folder)
             drain(sub)
-            standalone.append(run_standalone(cameras, clip, tiny, broker, sub, env, folder, args.warmup, args.window))
-            results["standalone_runs_fps"] = standalone  # before and after the fleet run
+            if args.standalone_runs == 2:
+                standalone.append(run_standalone(cameras, clip, tiny, broker, sub, env, folder, args.warmup,
+                                                 args.window))
+            results["standalone_runs_fps"] = standalone  # before (and after) the fleet run
             results["standalone_fps"] = sum(standalone) / len(standalone)
             results["fleet_vs_standalone"] = results["fleet_fps"] / results["standalone_fps"]
 
