@@ -25,9 +25,9 @@ install: $(STAMP) $(JS_STAMP)
 # pytest exits 5 when it collects no tests: that is not a failure of the code.
 test: test-python test-js
 
-# Two workers: most tests wait on subprocesses with one torch thread. --dist loadgroup: a file's tests
-# run in one worker (its module fixtures, such as the fleet's Ray cluster, made once) except the files
-# tests/conftest.py spreads test by test; the slow ones start first.
+# Two workers: most tests wait on subprocesses with one torch thread. --dist loadgroup (tests/conftest.py
+# schedules it): a file's tests run in one worker (its module fixtures, such as the fleet's Ray cluster,
+# made once), except the files it spreads test by test; the slow ones start first.
 TEST_WORKERS ?= 2
 
 test-python: $(STAMP)

@@ -79,30 +79,45 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(NoSkipsInCI(), "sapiens2-no-skips-in-ci")
 
 
-# A file's tests run in one worker (``make test-python``: ``-n 2 --dist loadgroup``), so that its module
-# fixtures (the fleet's Ray cluster, a CLI run several tests read) are made once; except in these files,
-# whose tests are long and share nothing costly: each test goes to whichever worker is free.
+# How ``make test-python`` (``-n 2 --dist loadgroup``) shares the suite between its two workers: a
+# file's tests run in one worker, so that its module fixtures (the fleet's Ray cluster, a CLI run
+# several tests read) are made once; except in these files, whose tests are long and share nothing
+# costly: each of their tests goes to whichever worker is free. The units that hold a test marked
+# slow start first (whole files first): the last unit a worker starts bounds the run, so that one
+# should be short. xdist's own loadgroup reads xdist_group marks through node ids, which pytest 9.2
+# no longer lets it rewrite (pytest-xdist#1386: every test becomes a unit of its own, module fixtures
+# made in both workers), so the units are computed here, by the scheduler below.
 SPREAD = {"test_archive.py", "test_bench_smoke.py", "test_faults.py", "test_multisource.py",
           "test_network_faults.py"}
 LONG = {"test_viewer.py"}  # a long file that marks no test slow (a Chromium and pipelines in its fixtures)
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the groups
+def unit_of(nodeid: str) -> str:
+    """The scheduling unit of a test: the test itself in a SPREAD file, else its file."""
+    path = nodeid.split("::", 1)[0]
+    return nodeid if Path(path).name in SPREAD else path
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)  # (optional: a run without xdist has no such hook)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    if config.getoption("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FilesAndSpreadTests(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return unit_of(nodeid)
+
+    config.option.loadscopereorder = False  # keep the order collected (below), not the most tests first
+    return FilesAndSpreadTests(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The xdist groups (see SPREAD), and the units that hold a test marked slow first, whole files before
-    single tests: the last unit a worker starts bounds the run, so that one should be short."""
-    if config.getoption("dist", default="no") != "loadgroup":
+    if not config.getoption("loadgroup", default=False):  # (set in each xdist worker: the workers collect)
         return
-
-    def unit(item: pytest.Item) -> str:
-        return item.nodeid if item.path.name in SPREAD else item.nodeid.split("::")[0]
-
-    for item in items:
-        if item.path.name not in SPREAD:
-            item.add_marker(pytest.mark.xdist_group(unit(item)))
-    slow = {unit(item) for item in items if item.get_closest_marker("slow") or item.path.name in LONG}
-    # (stable: otherwise in the order collected)
-    items.sort(key=lambda item: (unit(item) not in slow, item.path.name in SPREAD))
+    slow = {unit_of(item.nodeid) for item in items if item.get_closest_marker("slow") or item.path.name in LONG}
+    # stable: otherwise in the order collected
+    items.sort(key=lambda item: (unit_of(item.nodeid) not in slow, item.path.name in SPREAD))
 
 
 # -- fixtures --------------------------------------------------------------------------------
