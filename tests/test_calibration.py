@@ -168,7 +168,7 @@ def _run_in_process(argv: list[str]) -> Ran:
     (["--board", "6x8", "--marker", "0.09"], ["marker", "smaller than the square"]),
     (["--board", "20x20"], ["200 markers", "larger dictionary"]),
     (["--source", "cam2=/no/such/video.mp4"], ["/no/such/video.mp4", "no such file"]),
-    (["--dictionary", "DICT_9X9_1"], ["--dictionary", "invalid choice"]),
+    (["--dictionary", "DICT_9X9_1"], ["--dictionary", "'DICT_9X9_1'", "DICT_4X4_50"]),
 ])
 def test_cli_bad_input_is_one_line(tmp_path: Path, flags: list[str], needles: list[str]) -> None:
     folder = tmp_path / "images"

@@ -20,15 +20,19 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sapiens2_client.cli import OneLineParser, positive
 from stages.errors import ConfigError
-from stages.mocap.camera import CalibrationError, read_rig, write_rig
-from stages.mocap.charuco import DEFAULT_MIN_VIEWS, DICTIONARIES, Board, Detection, calibrate_rig, detect, parse_squares
-from stages.types import Frame
+from stages.mocap import DEFAULT_MIN_VIEWS
 
-from ..sources import Source, SourceEnded, SourceError, open_source
 from ..sourcespecs import SourceSpec, missing_file, name_sources
+
+if TYPE_CHECKING:  # the handler imports them: building the command line loads neither OpenCV nor PyAV
+    from stages.mocap.charuco import Board, Detection
+    from stages.types import Frame
+
+    from ..sources import Source
 
 log = logging.getLogger(__name__)
 FRAME_TIMEOUT_S = 60.0  # a source that gives no frame for this long has failed (a file decodes far faster)
@@ -43,8 +47,8 @@ def add_calibrate_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--board", required=True, metavar="COLSxROWS", help="the board's squares, e.g. 5x7")
     p.add_argument("--square", type=positive(float), required=True, help="side of a square, metres (measured)")
     p.add_argument("--marker", type=positive(float), required=True, help="side of a marker, metres (measured)")
-    p.add_argument("--dictionary", default="DICT_4X4_50", choices=DICTIONARIES, metavar="DICT",
-                   help="the board's ArUco dictionary (default DICT_4X4_50)")
+    p.add_argument("--dictionary", default="DICT_4X4_50", metavar="DICT",
+                   help="the board's ArUco dictionary, an OpenCV name (default DICT_4X4_50)")
     p.add_argument("--legacy-board", action="store_true",
                    help="the board was made by OpenCV before 4.6 (boards with an even number of rows differ)")
     p.add_argument("--out", default="calib.toml", help="the calibration file to write (default calib.toml)")
@@ -65,6 +69,12 @@ def add_calibrate_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def _checked(args: argparse.Namespace) -> tuple[Board, list[SourceSpec], Path]:
     """Board, named sources and output path from the flags, before anything is opened."""
+    from stages.mocap.camera import CalibrationError
+    from stages.mocap.charuco import DICTIONARIES, Board, parse_squares
+
+    if args.dictionary not in DICTIONARIES:
+        raise ConfigError(f"--dictionary: {args.dictionary!r} is not one of OpenCV's ArUco dictionaries; use one of "
+                          f"{', '.join(DICTIONARIES)}")
     board = Board(*parse_squares(args.board), args.square, args.marker, args.dictionary, args.legacy_board)
     specs = name_sources([], args.source, None)
     if len(specs) < 2:
@@ -83,6 +93,8 @@ def _checked(args: argparse.Namespace) -> tuple[Board, list[SourceSpec], Path]:
 
 def _next_frame(source: Source, name: str) -> Frame:
     """The next frame of ``source``; SourceEnded at its end, SourceError when it stalls."""
+    from ..sources import SourceError
+
     deadline = time.monotonic() + FRAME_TIMEOUT_S
     while time.monotonic() < deadline:
         frame = source.read(timeout=0.5)
@@ -95,6 +107,10 @@ def collect(board: Board, sources: dict[str, Source], every: int, max_views: int
         tuple[dict[str, list[Detection]], dict[str, tuple[int, int]], list[int]]:
     """Detections by camera and view, the image sizes, and each view's frame number: frame i of
     every source is one view; stops when a source ends, at ``max_views``, or at Ctrl-C for live ones."""
+    from stages.mocap.charuco import detect
+
+    from ..sources import SourceEnded, SourceError
+
     detections: dict[str, list[Detection]] = {name: [] for name in sources}
     sizes = {name: (s.info.width, s.info.height) for name, s in sources.items()}
     frames: list[int] = []
@@ -132,6 +148,11 @@ def collect(board: Board, sources: dict[str, Source], every: int, max_views: int
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     """Run ``calibrate``: prints each camera's reprojection error and the file written."""
+    from stages.mocap.camera import read_rig, write_rig
+    from stages.mocap.charuco import calibrate_rig
+
+    from ..sources import SourceError, open_source
+
     sources: dict[str, Source] = {}
     try:
         board, specs, out = _checked(args)

@@ -24,6 +24,7 @@ from functools import cached_property
 import cv2
 import numpy as np
 
+from . import DEFAULT_MIN_VIEWS
 from .calib_refine import Observations, refine
 from .camera import CalibrationError, Camera, Rig
 
@@ -31,7 +32,6 @@ log = logging.getLogger(__name__)
 
 DICTIONARIES = tuple(sorted(name for name in dir(cv2.aruco) if name.startswith("DICT_")))
 MIN_CORNERS = 6  # fewer corners of a view fit any pose (and are often nearly collinear): ignored
-DEFAULT_MIN_VIEWS = 8
 MAX_INTRINSIC_VIEWS = 60  # calibrateCamera's time grows with views; 60 spread over the take are plenty
 # World axes from OpenCV's board frame (x right, y down the printed rows, z into the board).
 FLIP = np.diag([1.0, -1.0, -1.0])
