@@ -355,7 +355,7 @@ def test_cli_publishes_and_writes_the_same_3d_keypoints(tiny, cli_env: dict[str,
     from sapiens2_client.subscriber import KeypointsMessage, ReceiveTimeout, Subscriber
     from tests.cliutil import CLI, OFFLINE, make_video, read_jsonl
 
-    clip = make_video(tmp_path / "clip.mp4", n=900, w=320, h=240)
+    clip = make_video(tmp_path / "clip.mp4", n=900, w=160, h=120)  # 30 s paced: time enough for a slow joiner
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         endpoint = f"tcp://127.0.0.1:{s.getsockname()[1]}"
