@@ -121,17 +121,15 @@ def triangulate(cameras: Sequence[Camera] | CameraSet, pixels: np.ndarray, score
     nrm = np.where(finite[..., None], nrm, 0.0)
     weights = np.where(used, score, 0.0)
     blocks = views.cached("normal_blocks", lambda: normal_blocks(np.stack([c.extrinsic for c in views.cameras])))
-    n = p * k
-    xyz = np.zeros((n, 3))
-    errors = np.zeros((n, c))
-    front = np.ones((n, c), bool)
-    solvable = np.ones(n, bool)
+    # Round one solves every point at once (whole arrays: no gather, no scatter); the points it leaves
+    # with a view to drop are solved again, a few at a time.
+    xyz, solvable = solve_dlt(blocks, nrm, weights)
+    errors, front = reprojection_errors(views, xyz, pix)
     todo = np.flatnonzero(used.sum(axis=1) >= spec.min_views)  # the points worth solving
-    for _ in range(max(1, c - spec.min_views + 1)):  # each round drops at most one view per point
-        if todo.size == 0:
-            break
-        xyz[todo], solvable[todo] = solve_dlt(blocks, nrm[todo], weights[todo])
-        errors[todo], front[todo] = reprojection_errors(views, xyz[todo], pix[todo])
+    for round_ in range(max(1, c - spec.min_views + 1)):  # each round drops at most one view per point
+        if round_:
+            xyz[todo], solvable[todo] = solve_dlt(blocks, nrm[todo], weights[todo])
+            errors[todo], front[todo] = reprojection_errors(views, xyz[todo], pix[todo])
         u = used[todo]
         bad = u & ((errors[todo] > spec.max_error_px) | ~front[todo])  # (T, C)
         droppable = bad.any(axis=1) & (u.sum(axis=1) > spec.min_views) & solvable[todo]
