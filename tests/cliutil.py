@@ -6,6 +6,7 @@ import json
 import math
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,58 @@ def run_cli(args: list[str], env: dict[str, str], cwd: Path, timeout: float = RU
     proc = subprocess.run([*CLI, *map(str, args)], env=env, cwd=cwd, capture_output=True, text=True,
                           timeout=timeout)
     return Ran(proc.returncode, proc.stdout, proc.stderr, time.monotonic() - start)
+
+
+_CASES = r"""
+import json, os, sys, time, traceback
+from pipeline.cli import main
+results = {}
+for name, case in json.loads(open(sys.argv[1]).read()).items():
+    os.chdir(case["cwd"])
+    before = dict(os.environ)
+    os.environ.update(case["env"])
+    sys.stdout.flush(); sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with open(case["out"], "wb") as out, open(case["err"], "wb") as err:
+        os.dup2(out.fileno(), 1)
+        os.dup2(err.fileno(), 2)
+        start = time.monotonic()
+        try:
+            rc = main(case["argv"])
+        except SystemExit as exc:  # argparse's exits
+            rc = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        except Exception:  # what a process of its own would die of: rc 1, the traceback on its stderr
+            traceback.print_exc()
+            rc = 1
+        sys.stdout.flush(); sys.stderr.flush()
+        results[name] = [rc, time.monotonic() - start]
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+    os.close(saved[0]); os.close(saved[1])
+    os.environ.clear()
+    os.environ.update(before)
+print(json.dumps(results))
+"""
+
+
+def run_cli_cases(cases: dict, env: dict[str, str], timeout: float = 300.0) -> dict:
+    """Each case (name -> ``argv``, ``cwd``[, environment variables of its own]) through the CLI's ``main``
+    in turn, in one fresh interpreter, each with its own exit code, stdout and stderr (file descriptors 1
+    and 2): name -> Ran. For commands refused before any work: an interpreter apiece costs a second of
+    start-up per case."""
+    with tempfile.TemporaryDirectory(prefix="cli-cases-") as tmp:  # (not in the cases' folders: they are checked)
+        folder = Path(tmp)
+        spec = {str(i): {"argv": [str(a) for a in case[0]], "cwd": str(case[1]),
+                         "env": case[2] if len(case) > 2 else {}, "out": str(folder / f"{i}.out"),
+                         "err": str(folder / f"{i}.err")} for i, case in enumerate(cases.values())}
+        (folder / "cases.json").write_text(json.dumps(spec))
+        proc = subprocess.run([sys.executable, "-c", _CASES, str(folder / "cases.json")], check=False, env=env,
+                              cwd=folder, capture_output=True, text=True, timeout=timeout)
+        assert proc.returncode == 0, f"the cases' interpreter failed (rc {proc.returncode}):\n{proc.stderr[-3000:]}"
+        results = json.loads(proc.stdout.splitlines()[-1])
+        return {name: Ran(results[key][0], Path(spec[key]["out"]).read_text(errors="replace"),
+                          Path(spec[key]["err"]).read_text(errors="replace"), results[key][1])
+                for key, name in zip(spec, cases)}
 
 
 def make_video(path: Path, n: int, w: int = 320, h: int = 240, fps: int = 30, faststart: bool = False) -> Path:

@@ -41,6 +41,7 @@ from tests.cliutil import (  # noqa: F401 - fixtures and helpers shared with the
     make_video,
     read_jsonl,
     run_cli,
+    run_cli_cases,
     strictly_increasing,
 )
 
@@ -203,17 +204,26 @@ def test_truncated_file(tiny: Path, cli_env: dict[str, str], tmp_path: Path, fas
         assert len(records) == int(match.group(1)), last
 
 
-@pytest.mark.parametrize("yaml_text, needles", [
-    ("sourcee: demo\n", ["sourcee", "unknown key"]),
-    ('max_frames: "ten"\n', ["max_frames", "expected int"]),
-    ("tasks: [pose, foo]\n", ["tasks", "foo"]),
-    ("source: [demo\n", ["not valid yaml"]),
-], ids=["unknown-key", "wrong-type", "unknown-task", "bad-yaml"])
-def test_bad_config_file(cli_env: dict[str, str], tmp_path: Path, yaml_text: str, needles: list[str]) -> None:
-    bad = tmp_path / "bad.yaml"
-    bad.write_text(yaml_text)
-    ran = run_cli(["--config", bad, "--no-progress"], cli_env, tmp_path)
-    assert_one_clear_error(ran, *needles)
+BAD_CONFIGS = {"unknown-key": ("sourcee: demo\n", ["sourcee", "unknown key"]),
+               "wrong-type": ('max_frames: "ten"\n', ["max_frames", "expected int"]),
+               "unknown-task": ("tasks: [pose, foo]\n", ["tasks", "foo"]),
+               "bad-yaml": ("source: [demo\n", ["not valid yaml"])}
+
+
+@pytest.fixture(scope="module")
+def bad_config_runs(cli_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """``--config`` with each BAD_CONFIGS file, through the CLI's main in one interpreter."""
+    cases = {}
+    for name, (yaml_text, _) in BAD_CONFIGS.items():
+        folder = tmp_path_factory.mktemp("bad-config")
+        (folder / "bad.yaml").write_text(yaml_text)
+        cases[name] = (["--config", folder / "bad.yaml", "--no-progress"], folder)
+    return run_cli_cases(cases, cli_env)
+
+
+@pytest.mark.parametrize("case", list(BAD_CONFIGS))
+def test_bad_config_file(bad_config_runs: dict, case: str) -> None:
+    assert_one_clear_error(bad_config_runs[case], *BAD_CONFIGS[case][1])
 
 
 def test_unknown_task_flag(cli_env: dict[str, str], tmp_path: Path) -> None:

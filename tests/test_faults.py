@@ -22,7 +22,7 @@ import av
 import numpy as np
 import pytest
 
-from tests.cliutil import CLI, OFFLINE, assert_one_clear_error, make_video, read_jsonl, run_cli
+from tests.cliutil import CLI, OFFLINE, assert_one_clear_error, make_video, read_jsonl, run_cli, run_cli_cases
 
 pytestmark = pytest.mark.timeout(240)
 TINY_POSE = ["--tasks", "pose", *OFFLINE]
@@ -241,19 +241,44 @@ BAD_INPUT = [
 ]
 
 
-@pytest.mark.parametrize(
-    "args, needles",
-    BAD_INPUT,
-    ids=lambda v: " ".join(v) if isinstance(v, list) and v and v[0].startswith("--") else None,
-)
-def test_bad_input_is_one_line_before_any_model(cli_env: dict[str, str], tmp_path: Path, clip: Path,
-                                                args: list[str], needles: list[str]) -> None:
-    (tmp_path / "evil.pt").write_bytes(pickle.dumps({"not": "a model"}))
-    base = [a for a in TINY_POSE if a not in ("--detector", "full-frame")] if "--detector" in args else TINY_POSE
-    source = tmp_path / "input.mp4"  # its own copy: a run that wrote over it must not spoil the others
-    source.write_bytes(clip.read_bytes())
-    ran = run_cli(["--source", source, *base, *[a.replace("{clip}", str(source)) for a in args]], cli_env, tmp_path)
-    assert_one_clear_error(ran, *needles)
+TAKEN_PORT_FLAGS = ["--view", "--metrics", "--control"]
+MISTYPED = [(["--max-frames", "abc"], "--max-frames", "run"), (["--no-such-flag"], "--no-such-flag", "run"),
+            (["subscribe", "--timeout", "-1"], "--timeout", "subscribe")]
+
+
+@pytest.fixture(scope="module")
+def refusals(cli_env: dict[str, str], clip: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    """This file's runs that must be refused before any model, through the CLI's main in one fresh
+    interpreter (a refusal needs no start-up of its own), each in a folder of its own: BAD_INPUT (with an
+    evil.pt and its own copy of the clip: a run that wrote over it must not spoil the others), a port
+    taken (the sockets are held while the runs go) and MISTYPED. Name -> its run (and more, per kind)."""
+    cases, sources, addresses = {}, {}, {}
+    for i, (args, _) in enumerate(BAD_INPUT):
+        folder = tmp_path_factory.mktemp(f"bad-input-{i}")
+        (folder / "evil.pt").write_bytes(pickle.dumps({"not": "a model"}))
+        base = [a for a in TINY_POSE if a not in ("--detector", "full-frame")] if "--detector" in args else TINY_POSE
+        sources[i] = folder / "input.mp4"
+        sources[i].write_bytes(clip.read_bytes())
+        cases[i] = (["--source", sources[i], *base, *[a.replace("{clip}", str(sources[i])) for a in args]], folder)
+    with contextlib.ExitStack() as held:
+        for flag in TAKEN_PORT_FLAGS:
+            taken = held.enter_context(socket.socket())
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            addresses[flag] = f"127.0.0.1:{taken.getsockname()[1]}"
+            value = f"tcp://{addresses[flag]}" if flag == "--control" else addresses[flag]
+            cases[flag] = (["--source", clip, *TINY_POSE, flag, value], tmp_path_factory.mktemp("taken-port"))
+        for args, needle, _ in MISTYPED:
+            cases[needle] = (args, tmp_path_factory.mktemp("mistyped"))
+        runs = run_cli_cases(cases, cli_env)
+    yield {**{i: (runs[i], sources[i]) for i in sources}, **{f: (runs[f], addresses[f]) for f in addresses},
+           **{needle: runs[needle] for _, needle, _ in MISTYPED}}
+
+
+@pytest.mark.parametrize("case", range(len(BAD_INPUT)), ids=[" ".join(args) for args, _ in BAD_INPUT])
+def test_bad_input_is_one_line_before_any_model(refusals: dict, clip: Path, case: int) -> None:
+    ran, source = refusals[case]
+    assert_one_clear_error(ran, *BAD_INPUT[case][1])
     assert "loaded " not in ran.stderr
     assert source.read_bytes() == clip.read_bytes()
 
@@ -270,17 +295,11 @@ def test_show_without_a_display_is_one_line_not_an_abort(cli_env: dict[str, str]
     assert "loaded " not in ran.stderr and not (tmp_path / "out.mp4").exists()
 
 
-@pytest.mark.parametrize("flag", ["--view", "--metrics", "--control"])
-def test_a_taken_port_is_refused_before_any_model(cli_env: dict[str, str], tmp_path: Path, clip: Path,
-                                                  flag: str) -> None:
+@pytest.mark.parametrize("flag", TAKEN_PORT_FLAGS)
+def test_a_taken_port_is_refused_before_any_model(refusals: dict, flag: str) -> None:
     """The web view, metrics and control servers start after the models load: their ports are
     checked before, so a taken one costs a second, not a model load."""
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        address = f"127.0.0.1:{taken.getsockname()[1]}"
-        value = f"tcp://{address}" if flag == "--control" else address
-        ran = run_cli(["--source", clip, *TINY_POSE, flag, value], cli_env, tmp_path)
+    ran, address = refusals[flag]
     assert_one_clear_error(ran, "cannot bind", address)
     assert "loaded " not in ran.stderr
 
@@ -347,12 +366,10 @@ def test_bad_input_is_refused_before_torch_is_imported(cli_env: dict[str, str], 
     assert out["heavy"] == [], ran.stderr
 
 
-@pytest.mark.parametrize("args, needle, help_of", [(["--max-frames", "abc"], "--max-frames", "run"),
-                                                   (["--no-such-flag"], "--no-such-flag", "run"),
-                                                   (["subscribe", "--timeout", "-1"], "--timeout", "subscribe")])
-def test_a_mistyped_flag_is_one_line_not_the_usage_text(cli_env: dict[str, str], tmp_path: Path, args: list[str],
-                                                        needle: str, help_of: str) -> None:
-    ran = run_cli(args, cli_env, tmp_path)
+@pytest.mark.parametrize("args, needle, help_of", MISTYPED)
+def test_a_mistyped_flag_is_one_line_not_the_usage_text(refusals: dict, args: list[str], needle: str,
+                                                        help_of: str) -> None:
+    ran = refusals[needle]
     assert_one_clear_error(ran, needle, f"sapiens2-stream {help_of} --help")
     assert ran.rc == 2 and len(ran.stderr.strip().splitlines()) == 1, ran.stderr
 

@@ -24,7 +24,7 @@ from pipeline.cluster.fleetspec import place
 from pipeline.net.broker import Broker
 from sapiens2_client.messages import KeypointsMessage, StatusMessage
 from sapiens2_client.subscriber import ReceiveTimeout, Subscriber
-from tests.cliutil import CLI, make_video, read_jsonl, run_cli
+from tests.cliutil import CLI, make_video, read_jsonl, run_cli, run_cli_cases
 from tests.clusterutil import free_port, redis_server, start_redis, stop_redis
 
 RESUME_DEADLINE_S = 90.0  # the stated bound: node loss -> every camera's first frame on the survivor
@@ -48,8 +48,7 @@ def _fleet_file(tmp_path: Path, **overrides) -> Path:
     return path
 
 
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize("overrides, needle", [
+BAD_FLEET_FILES = [
     ({"cameraz": []}, "unknown key 'cameraz'"),
     ({"cameras": [{"id": "a", "uri": "demo"}, {"id": "a", "uri": "demo"}]}, "used twice"),
     ({"capacity": 0}, "capacity must be a whole number"),
@@ -62,10 +61,23 @@ def _fleet_file(tmp_path: Path, **overrides) -> Path:
     ({"retry_max_s": float("inf")}, "retry_max_s must be a positive number"),
     ({"cameras": [{"id": "a", "uri": "demo", "stall_timeout_s": float("nan")}]}, "stall_timeout_s must be"),
     ({}, "broker tcp://127.0.0.1:1 is not reachable"),
-])
-def test_bad_fleet_file_is_one_line_before_anything_starts(tmp_path: Path, cli_env: dict, overrides: dict,
-                                                           needle: str) -> None:
-    ran = run_cli(["fleet", _fleet_file(tmp_path, **overrides)], cli_env, tmp_path, timeout=60)
+]
+
+
+@pytest.fixture(scope="module")
+def bad_fleet_runs(cli_env: dict, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """``fleet FILE`` for every BAD_FLEET_FILES case, through the CLI's main in one interpreter."""
+    cases = {}
+    for i, (overrides, _) in enumerate(BAD_FLEET_FILES):
+        folder = tmp_path_factory.mktemp(f"bad-fleet-{i}")
+        cases[i] = (["fleet", _fleet_file(folder, **overrides)], folder)
+    return run_cli_cases(cases, cli_env, timeout=120)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("case", range(len(BAD_FLEET_FILES)), ids=[n for _, n in BAD_FLEET_FILES])
+def test_bad_fleet_file_is_one_line_before_anything_starts(bad_fleet_runs: dict, case: int) -> None:
+    ran, needle = bad_fleet_runs[case], BAD_FLEET_FILES[case][1]
     assert ran.rc == 1, ran.stderr
     lines = [line for line in ran.stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and needle in lines[0], ran.stderr

@@ -26,7 +26,16 @@ from stages.sapiens2 import load_model
 from stages.sapiens2.estimators import ESTIMATORS
 from stages.sapiens2.tiny import make_tiny
 from stages.types import Detections, Frame, StreamInfo
-from tests.cliutil import CLI, OFFLINE, assert_one_clear_error, decode_video, make_video, read_jsonl, run_cli
+from tests.cliutil import (
+    CLI,
+    OFFLINE,
+    assert_one_clear_error,
+    decode_video,
+    make_video,
+    read_jsonl,
+    run_cli,
+    run_cli_cases,
+)
 
 pytestmark = pytest.mark.timeout(300)
 POSE = ["--tasks", "pose", *OFFLINE]
@@ -95,40 +104,51 @@ def test_when_no_source_opens_the_run_is_one_line_before_any_model(cli_env: dict
     assert "loaded " not in ran.stderr and not list(tmp_path.glob("*.jsonl"))
 
 
-@pytest.mark.parametrize(
-    "args, needles",
-    [
-        (["--source", "x=demo", "--source", "x=demo"], ["--source 'x=demo' and --source 'x=demo'", "both named 'x'"]),
-        (["--source", "cam1=demo", "--source", "demo"], ["both named 'cam1'", "unnamed sources are cam0, cam1"]),
-        (["--source", "=demo"], ["name is empty"]),
-        (["--source", "a.b=demo"], ["source id 'a.b'", "letters, digits"]),  # not "no such file 'a.b=demo'"
-        (["--source", "demo", "--source", "demo", "--record", "out.mp4"], ["{source}"]),
-        (["--source", "demo", "--source", "demo", "--record", "out/{sourc}.mp4"], ["{sourc}", "not a placeholder"]),
-        (["--source", "demo", "--source", "demo", "--source-id", "one"], ["--source-id", "NAME=SPEC"]),
-    ],
-)
-def test_bad_source_lists_are_one_line(cli_env: dict[str, str], tmp_path: Path, args: list[str],
-                                       needles: list[str]) -> None:
-    ran = run_cli([*args, *POSE], cli_env, tmp_path)
-    assert_one_clear_error(ran, *needles)
+BAD_SOURCE_LISTS = [
+    (["--source", "x=demo", "--source", "x=demo"], ["--source 'x=demo' and --source 'x=demo'", "both named 'x'"]),
+    (["--source", "cam1=demo", "--source", "demo"], ["both named 'cam1'", "unnamed sources are cam0, cam1"]),
+    (["--source", "=demo"], ["name is empty"]),
+    (["--source", "a.b=demo"], ["source id 'a.b'", "letters, digits"]),  # not "no such file 'a.b=demo'"
+    (["--source", "demo", "--source", "demo", "--record", "out.mp4"], ["{source}"]),
+    (["--source", "demo", "--source", "demo", "--record", "out/{sourc}.mp4"], ["{sourc}", "not a placeholder"]),
+    (["--source", "demo", "--source", "demo", "--source-id", "one"], ["--source-id", "NAME=SPEC"]),
+]
+BAD_SOURCES_ENTRIES = {
+    "unknown key": ("  - {id: a, uri: demo}\n  - {id: b, uri: demo, fps: 30}\n", ["sources[1]", "fps"]),
+    "stall timeout 0": ("  - {id: a, uri: demo, stall_timeout_s: 0}\n  - {id: b, uri: demo}\n",
+                        ["sources[0]", "stall_timeout_s", "positive"]),
+    "repeated id": ("  - {id: a, uri: demo}\n  - {id: a, uri: demo}\n", ["sources[0] and sources[1]", "both named 'a'"]),
+    "empty": (" []\n", ["sources: the list is empty"]),  # not the default webcam
+    "a plain entry": ("  - demo\n", ["sources[0]: expected a mapping with id and uri, got 'demo'"]),
+    "not a list": (" demo\n", ["sources[0]: expected a mapping with id and uri, got 'demo'"]),
+}
+
+
+@pytest.fixture(scope="module")
+def refusals(cli_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The runs of both lists below through the CLI's main in one interpreter, each in a folder of its own."""
+    cases = {}
+    for i, (args, _) in enumerate(BAD_SOURCE_LISTS):
+        cases[i] = ([*args, *POSE], tmp_path_factory.mktemp("bad-sources"))
+    for name, (entries, _) in BAD_SOURCES_ENTRIES.items():
+        folder = tmp_path_factory.mktemp("bad-entries")
+        config = folder / "cams.yaml"
+        config.write_text("sources:" + ("\n" if entries.startswith("  - ") else "") + entries)
+        cases[name] = (["--config", config, *POSE], folder)
+    return run_cli_cases(cases, cli_env)
+
+
+@pytest.mark.parametrize("case", range(len(BAD_SOURCE_LISTS)))
+def test_bad_source_lists_are_one_line(refusals: dict, case: int) -> None:
+    ran = refusals[case]
+    assert_one_clear_error(ran, *BAD_SOURCE_LISTS[case][1])
     assert "loaded " not in ran.stderr
 
 
-@pytest.mark.parametrize("entries, needles", [
-    ("  - {id: a, uri: demo}\n  - {id: b, uri: demo, fps: 30}\n", ["sources[1]", "fps"]),
-    ("  - {id: a, uri: demo, stall_timeout_s: 0}\n  - {id: b, uri: demo}\n",
-     ["sources[0]", "stall_timeout_s", "positive"]),
-    ("  - {id: a, uri: demo}\n  - {id: a, uri: demo}\n", ["sources[0] and sources[1]", "both named 'a'"]),
-    (" []\n", ["sources: the list is empty"]),  # not the default webcam
-    ("  - demo\n", ["sources[0]: expected a mapping with id and uri, got 'demo'"]),
-    (" demo\n", ["sources[0]: expected a mapping with id and uri, got 'demo'"]),
-], ids=["unknown key", "stall timeout 0", "repeated id", "empty", "a plain entry", "not a list"])
-def test_a_bad_sources_entry_is_one_line_naming_it(cli_env: dict[str, str], tmp_path: Path, entries: str,
-                                                   needles: list[str]) -> None:
-    config = tmp_path / "cams.yaml"
-    config.write_text("sources:" + ("\n" if entries.startswith("  - ") else "") + entries)
-    ran = run_cli(["--config", config, *POSE], cli_env, tmp_path)
-    assert_one_clear_error(ran, "cams.yaml", *needles)
+@pytest.mark.parametrize("case", list(BAD_SOURCES_ENTRIES))
+def test_a_bad_sources_entry_is_one_line_naming_it(refusals: dict, case: str) -> None:
+    ran = refusals[case]
+    assert_one_clear_error(ran, "cams.yaml", *BAD_SOURCES_ENTRIES[case][1])
     assert "loaded " not in ran.stderr
 
 

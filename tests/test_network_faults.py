@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import os
 import select
 import socket
 import subprocess
@@ -25,7 +26,7 @@ from pipeline.sinks.publisher import ZmqPublisher
 from sapiens2_client import wire
 from sapiens2_client.keys import CurveServerKeys
 from stages.types import Detections, Frame, FrameResult, Keypoints, StreamInfo
-from tests.cliutil import CLI, OFFLINE
+from tests.cliutil import CLI, OFFLINE, run_cli_cases
 
 pytestmark = pytest.mark.timeout(180)
 VECTORS = json.loads((Path(__file__).resolve().parents[1] / "clients" / "vectors" / "vectors.json").read_text())
@@ -398,7 +399,6 @@ def test_status_events_holding_bytes_and_lone_surrogates_never_crash_the_cli(tmp
 
 def _unwritable_folder(tmp_path: Path) -> Path:
     """A folder this user cannot create files in (root ignores mode bits: then sysfs, which refuses root)."""
-    import os
     import tempfile
 
     folder = tmp_path / "ro"
@@ -414,7 +414,7 @@ def _unwritable_folder(tmp_path: Path) -> Path:
     pytest.skip("no folder on this machine refuses new files to this user")
 
 
-@pytest.mark.parametrize("args, match", [
+BAD_SUBSCRIBE_FLAGS = [
     (["--record", "{tmp}/x.avi"], ".avi"),
     (["--record", "{ro}/x.mp4"], "not writable"),
     (["--record", "{ro}/missing/x.mkv"], "not writable"),
@@ -425,18 +425,34 @@ def _unwritable_folder(tmp_path: Path) -> Path:
     (["--endpoint", "127.0.0.1:5699"], "did you mean tcp://127.0.0.1:5699"),
     (["--max-message-mb", "1e13"], "4096"),
     (["--max-message-mb", "1e-7"], "0.01"),
-])
-def test_subscribe_refuses_bad_flags_up_front_in_one_line(tmp_path: Path, args: list, match: str) -> None:
-    ro = _unwritable_folder(tmp_path) if any("{ro}" in a for a in args) else tmp_path
-    (tmp_path / "file.txt").write_text("x")
-    before = sorted(p.name for p in ro.iterdir()) if ro.is_dir() else None
-    proc = _start(["subscribe", *(a.format(tmp=tmp_path, ro=ro) for a in args), "--timeout", "3"])
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode not in (0, 3), err  # 3: it connected and waited
+]
+
+
+@pytest.fixture(scope="module")
+def bad_subscribe_runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """``subscribe`` with each BAD_SUBSCRIBE_FLAGS case through the CLI's main in one interpreter, each in
+    a folder of its own: case -> (its run, that folder, the unwritable folder, what that held before)."""
+    cases, folders = {}, {}
+    for i, (args, _) in enumerate(BAD_SUBSCRIBE_FLAGS):
+        tmp = tmp_path_factory.mktemp("bad-subscribe")
+        ro = _unwritable_folder(tmp) if any("{ro}" in a for a in args) else tmp
+        (tmp / "file.txt").write_text("x")
+        folders[i] = (tmp, ro, sorted(p.name for p in ro.iterdir()) if ro.is_dir() else None)
+        cases[i] = (["subscribe", *(a.format(tmp=tmp, ro=ro) for a in args), "--timeout", "3"], tmp)
+    runs = run_cli_cases(cases, dict(os.environ), timeout=120)
+    return {i: (runs[i], *folders[i]) for i in cases}
+
+
+@pytest.mark.parametrize("case", range(len(BAD_SUBSCRIBE_FLAGS)),
+                         ids=[f"{' '.join(args)}-{match}" for args, match in BAD_SUBSCRIBE_FLAGS])
+def test_subscribe_refuses_bad_flags_up_front_in_one_line(bad_subscribe_runs: dict, case: int) -> None:
+    ran, tmp, ro, before = bad_subscribe_runs[case]
+    err, match = ran.stderr, BAD_SUBSCRIBE_FLAGS[case][1]
+    assert ran.rc not in (0, 3), err  # 3: it connected and waited
     assert "waiting for messages" not in err and len(err.strip().splitlines()) == 1, err
     assert err.startswith("error: ") and match in err, err
     assert (sorted(p.name for p in ro.iterdir()) if ro.is_dir() else None) == before  # nothing left behind
-    assert not (tmp_path / "x.avi").exists()
+    assert not (tmp / "x.avi").exists()
 
 
 def test_subscribe_accepts_an_output_folder_it_will_create(tmp_path: Path) -> None:

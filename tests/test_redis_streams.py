@@ -33,7 +33,7 @@ from sapiens2_client import wire
 from sapiens2_client.keys import CurveClientKeys, CurveServerKeys, make_keys
 from sapiens2_client.messages import KeypointsMessage, StatusMessage, decode_message
 from stages.types import Detections, Frame, FrameResult, Keypoints, StreamInfo
-from tests.cliutil import CLI, OFFLINE, assert_one_clear_error, make_video, read_jsonl, run_cli
+from tests.cliutil import CLI, OFFLINE, assert_one_clear_error, make_video, read_jsonl, run_cli, run_cli_cases
 from tests.clusterutil import free_port
 
 NO_RETRY = redis.retry.Retry(redis.backoff.NoBackoff(), 0)  # a test's own client must not wait out an outage
@@ -398,15 +398,27 @@ def test_redis_restart_is_survived_and_drops_are_counted(cli_env: dict[str, str]
 
 
 # -- (e) bad input: one line, non-zero, before subscribing ----------------------------------------
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize("args,needles", [
+BAD_BRIDGE_ARGS = [
     (["--redis", "redis://user:hunter2@127.0.0.1:{port}/0"], ["does not answer", "127.0.0.1:{port}"]),
     (["--redis", "redis://127.0.0.1:notaport/0"], ["bad Redis URL", "notaport", "redis://HOST:PORT/DB"]),
     (["--endpoint", "tcp://127.0.0.1", "--redis", "redis://127.0.0.1:{port}/0"], ["tcp://HOST:PORT"]),
-])
-def test_bad_input_is_one_clear_line(cli_env: dict[str, str], tmp_path: Path, args: list[str],
-                                     needles: list[str]) -> None:
-    port = str(free_port())  # nothing listens there
-    ran = run_cli(["bridge", *(a.replace("{port}", port) for a in args)], cli_env, tmp_path, timeout=60)
-    assert_one_clear_error(ran, *(n.replace("{port}", port) for n in needles))
+]
+
+
+@pytest.fixture(scope="module")
+def bad_bridge_runs(cli_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, str]:
+    """``bridge`` with each BAD_BRIDGE_ARGS case through the CLI's main in one interpreter; the port at
+    which nothing listens."""
+    port = str(free_port())
+    cases = {i: (["bridge", *(a.replace("{port}", port) for a in args)], tmp_path_factory.mktemp("bad-bridge"))
+             for i, (args, _) in enumerate(BAD_BRIDGE_ARGS)}
+    return run_cli_cases(cases, cli_env, timeout=120), port
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("case", range(len(BAD_BRIDGE_ARGS)))
+def test_bad_input_is_one_clear_line(bad_bridge_runs: tuple[dict, str], case: int) -> None:
+    runs, port = bad_bridge_runs
+    ran = runs[case]
+    assert_one_clear_error(ran, *(n.replace("{port}", port) for n in BAD_BRIDGE_ARGS[case][1]))
     assert "hunter2" not in ran.stderr + ran.stdout and ran.stdout == ""  # no password, no start-up line
