@@ -180,7 +180,7 @@ class PoseEstimator(_Estimator):
     def run_batch(self, images: list[Tensor], boxes: list[Tensor]) -> tuple[Tensor, Tensor, list[Tensor]]:
         """Persons of several frames in one forward: images (3, H, W) uint8 and their boxes (n_i, 4)
         -> keypoints (sum n_i, K, 2) image pixels, scores (sum n_i, K), frames in order, and every
-        tensor to check for non-finite values: the raw heatmaps too (decoding hides a -Inf, which
+        tensor to check for non-finite values: the raw heatmaps' too (decoding hides a -Inf, which
         the blur-and-log refinement clamps, and a caller's clamp to the image hides an Inf)."""
         crops = torch.cat([crop_persons(image, b, self.input_size, self.padding, self.crop_sampling)
                            for image, b in zip(images, boxes)])
@@ -190,7 +190,10 @@ class PoseEstimator(_Estimator):
             crops = torch.cat((crops, crops.new_zeros(pad, *crops.shape[1:])))
         heatmaps = self.infer(crops, n)  # (n, K, h/4, w/4): the persons' rows, flip test averaged in
         xy, scores = self.postprocess(heatmaps, torch.cat(boxes))
-        return xy, scores, [heatmaps, xy, scores]
+        # The scores are the maps' maxima (a NaN or +Inf shows there) and the minima show a -Inf: these
+        # two check every raw value, and the caller checks (n, K) values instead of the whole maps.
+        lowest = heatmaps.amin(dim=(2, 3))  # (n, K)
+        return xy, scores, [lowest, xy, scores]
 
     @torch.inference_mode()
     def predict(self, image: np.ndarray, boxes: np.ndarray) -> Keypoints:
