@@ -205,7 +205,9 @@ def test_the_faults_benchmark_measures_a_kill_a_bomb_and_the_subscriber_cases(tm
         kill = rows[f"SIGKILL while recording {suffix}"]
         assert kill["processed"] >= 10 and kill["kept"] > 0, kill  # what a SIGKILL leaves is playable
     for bomb in ("png_bomb_declared_large", "png_bomb_declared_small"):  # 8000x8000: 61 MB if decoded
-        assert rows[f"image bomb {bomb}"]["survived"] and rows[f"image bomb {bomb}"]["rss_growth_mb"] < 30
+        row = rows[f"image bomb {bomb}"]
+        assert row["survived"] and row["rss_growth_mb"] < 30, row
+        assert row["good_after"] == 3 and "skipped=Counter({'" in row["stats"], row  # it came, and was refused
     assert all(rows[f"subscriber: {mode}"]["fps"] > 0 for mode in ("none", "reading", "stopped"))
 
 
