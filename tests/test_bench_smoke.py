@@ -138,12 +138,13 @@ def test_the_archive_benchmark_runs_the_loop_and_the_batch_command(tmp_path: Pat
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_the_many_sources_benchmark_runs_batched_and_separate(tmp_path: Path) -> None:
-    out = _script(tmp_path, "bench_multisource", "--sources", "1,2", "--frames", "4", "--warmup", "1", "--threads",
+    # two sources: batched, the one-source run it is compared with, and two separate processes (one more
+    # row of one source would run the same code again, in a third process)
+    out = _script(tmp_path, "bench_multisource", "--sources", "2", "--frames", "4", "--warmup", "1", "--threads",
                   "1", timeout=280)
-    assert [r["sources"] for r in out["rows"]] == [1, 2]
-    for row in out["rows"]:
-        assert row["batched"]["frames"] == 4 * row["sources"] and row["batched"]["fps"] > 0
-        assert row["separate"]["fps"] > 0 and row["batched"]["memory_mb"] > 0
+    [row] = out["rows"]
+    assert row["sources"] == 2 and row["batched"]["frames"] == 8 and row["batched"]["fps"] > 0
+    assert row["separate"]["fps"] > 0 and row["batched"]["memory_mb"] > 0 and row["batched_vs_n_x_one"] > 0
 
 
 @pytest.mark.slow
