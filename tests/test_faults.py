@@ -424,7 +424,7 @@ def _noisy_clip(path: Path, n: int) -> Path:
 
 
 def test_garbage_inside_a_file_is_skipped_not_fatal(tiny: Path, cli_env: dict[str, str], tmp_path: Path) -> None:
-    clip = _noisy_clip(tmp_path / "damaged.mp4", n=120)
+    clip = _noisy_clip(tmp_path / "damaged.mp4", n=60)
     data = bytearray(clip.read_bytes())
     mdat = data.find(b"mdat")
     assert mdat > 0 and data.find(b"moov") < mdat  # faststart: the index first, then the frame data
@@ -434,7 +434,7 @@ def test_garbage_inside_a_file_is_skipped_not_fatal(tiny: Path, cli_env: dict[st
     kp = tmp_path / "out.jsonl"
     ran = run_cli(["--source", clip, *TINY_POSE, "--save-keypoints", kp], cli_env, tmp_path, timeout=180)
     assert ran.rc == 0, ran.stderr
-    assert len(read_jsonl(kp)) >= 100  # FFmpeg itself decodes 112 of these 120 frames
+    assert len(read_jsonl(kp)) >= 50  # FFmpeg itself decodes 58 of these 60 frames
     assert "did not decode and were skipped" in ran.stderr
 
 
