@@ -91,7 +91,7 @@ def test_sigkill_keeps_all_but_the_last_fragment(tiny: Path, cli_env: dict[str, 
     out, kp = tmp_path / f"out{suffix}", tmp_path / "out.jsonl"
     proc = _start(["--source", clip, *TINY_POSE, "--record", out, "--save-keypoints", kp], cli_env, tmp_path)
     try:
-        _wait_until(lambda: _lines(kp) >= 90, proc)
+        _wait_until(lambda: _lines(kp) >= 30, proc)  # well past the first frames (those: the next test)
         done = _lines(kp)
         proc.send_signal(signal.SIGKILL)
         proc.communicate(timeout=30)
@@ -147,7 +147,7 @@ def test_repeated_sigint_never_abandons_the_flush(tiny: Path, cli_env: dict[str,
 @pytest.mark.parametrize("on_disk", ["record", "keypoints", "both"])
 def test_full_disk_keeps_what_came_before_and_fails_with_one_line(tiny: Path, cli_env: dict[str, str],
                                                                   tmp_path: Path, clip: Path, on_disk: str) -> None:
-    with tmpfs(tmp_path / "small", "size=400k") as disk:
+    with tmpfs(tmp_path / "small", "size=160k") as disk:  # (a JSONL line is ~7 KB: some 20 frames fit)
         out = (disk if on_disk in ("record", "both") else tmp_path) / "out.mp4"
         kp = (disk if on_disk in ("keypoints", "both") else tmp_path) / "out.jsonl"
         ran = run_cli(["--source", clip, *TINY_POSE, "--record", out, "--save-keypoints", kp], cli_env, tmp_path,
