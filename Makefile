@@ -31,7 +31,7 @@ test: test-python test-js
 TEST_WORKERS ?= 2
 
 test-python: $(STAMP)
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup tests clients/python/tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
+	$(PY) -m pytest -q --durations=25 -n $(TEST_WORKERS) --dist loadgroup tests clients/python/tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
 
 test-js: $(STAMP) $(JS_STAMP)
 	cd $(JS) && SAPIENS2_STREAM_CLI=$(CURDIR)/$(VENV)/bin/sapiens2-stream SAPIENS2_STREAM_PYTHON=$(CURDIR)/$(PY) npm test
