@@ -383,7 +383,8 @@ def assemble(cfg: RunConfig, sources: Source | list[Source], stages: Stages, sin
     if cfg.compile != "off" or stages.device.type == "cuda":
         # Every input shape once before the first frame, each stage on the stream that runs it:
         # compiles, CUDA-graph recording and cuDNN autotuning happen here, not mid-stream.
-        seconds = engine.warm_up(cfg.max_persons * max(1, max_frames_per_step), max(1, max_frames_per_step))
+        seconds = engine.warm_up(cfg.max_persons * max(1, max_frames_per_step), max(1, max_frames_per_step),
+                                 tuple((s.info.height, s.info.width) for s in sources))
         stages.warmup_s = seconds
         log.info("%s %.1f s (%s)", "compile warm-up" if cfg.compile != "off" else "warm-up", sum(seconds.values()),
                  ", ".join(f"{t} {s:.1f} s" for t, s in seconds.items()))

@@ -91,11 +91,21 @@ class FrameEngine(PrecisionFallback):
         self._staging = None if staging is None else staging.upload  # reused page-locked buffers (CUDA)
 
     # -- set-up ---------------------------------------------------------------------------
-    def warm_up(self, max_persons: int = 8, max_frames: int = 1) -> dict[str, float]:
+    def warm_up(self, max_persons: int = 8, max_frames: int = 1,
+                frame_sizes: tuple[tuple[int, int], ...] = ()) -> dict[str, float]:
         """Run every input shape once, each stage on the stream that will run it: compiled graphs
-        and CUDA graphs are recorded where they replay. Returns seconds per task."""
+        and CUDA graphs are recorded where they replay. A detector that takes device frames runs once
+        per frame size (H, W) of ``frame_sizes`` on its lane (Ultralytics sets its predictor up on a
+        first call, cuDNN picks its kernels per shape). Returns seconds per task."""
         seconds = {}
         self._warmed = (max_persons, max_frames)  # a stage that changes dtype later is warmed up again
+        detector = self.stages.detector
+        if frame_sizes and hasattr(detector, "detect_tensors"):
+            t0 = time.perf_counter()
+            with self.lanes.use("detect"):
+                for h, w in sorted(set(frame_sizes)):
+                    detector.detect_tensors([to_device_image(np.zeros((h, w, 3), np.uint8), self.device, False)])
+            seconds["detect"] = time.perf_counter() - t0
         for task in self.stages.estimators:
             seconds[task] = self._warm(task)
         return seconds

@@ -72,6 +72,39 @@ def test_warm_up_runs_each_stage_on_the_stream_that_replays_it(pose_dir: Path, t
     assert ran == {"pose": ("pose", 5), "seg": ("seg", 3)}  # each on its own stage's stream, with its batch sizes
 
 
+def test_warm_up_runs_the_detector_on_its_lane_once_per_frame_size(pose_dir: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A detector on device frames is warmed before the first frame: one call per distinct source size,
+    on the detect lane, with a device frame as the engine uploads it."""
+    seen: list[tuple[str | None, tuple[int, ...], torch.dtype]] = []
+    current: list[str] = []
+
+    class DeviceDetector:
+        random_weights = False
+
+        def detect_tensors(self, images):
+            seen.extend((current[-1] if current else None, tuple(im.shape), im.dtype) for im in images)
+            return [Detections.empty() for _ in images]
+
+    @contextlib.contextmanager
+    def stream(name: str):
+        current.append(name)
+        try:
+            yield
+        finally:
+            current.pop()
+
+    pose = ESTIMATORS["pose"](load_model(pose_dir, device="cpu"))
+    monkeypatch.setattr(pose, "warmup", lambda n: 0.5)
+    engine = FrameEngine(Stages(torch.device("cpu"), DeviceDetector(), {"pose": pose}))
+    monkeypatch.setattr(engine.lanes, "use", stream)
+    seconds = engine.warm_up(max_persons=2, frame_sizes=((48, 64), (30, 40), (48, 64)))
+    assert sorted(seen) == [("detect", (3, 30, 40), torch.uint8), ("detect", (3, 48, 64), torch.uint8)]
+    assert set(seconds) == {"detect", "pose"} and seconds["pose"] == 0.5
+    seen.clear()
+    assert engine.warm_up(max_persons=2) == {"pose": 0.5} and not seen  # no sizes given: nothing to warm
+
+
 # -- detect_every under pipelining ---------------------------------------------------------
 class _ByCall:
     """A detector whose answer depends on how often it was called (``calls``, counted per image)."""
