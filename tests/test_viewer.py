@@ -27,7 +27,7 @@ import pytest
 from PIL import Image
 
 from sapiens2_client.subscriber import FrameMessage, ReceiveTimeout, StatusMessage, Subscriber
-from tests.cliutil import OFFLINE
+from tests.cliutil import OFFLINE, make_video
 from tests.viewerutil import (
     CHROMIUM,
     DRIVER,
@@ -166,6 +166,278 @@ def _caption_agrees_with_the_figures(driver) -> None:
     assert keypoints == index or (keypoints == "-1" and "not received: none drawn" in caption), (keypoints, caption)
 
 
+# -- runs of their own (before the two looping pipelines of `streams` start: a module fixture stays up
+# until the module ends, and they would share the CPU with these runs) ----------------------------------
+@needs_browser
+def test_pipeline_serves_its_own_view_with_a_token(tiny: Path, cli_env: dict[str, str], tmp_path: Path,
+                                                  long_clip: Path, driver) -> None:
+    listen = f"127.0.0.1:{free_port()}"
+    pipeline = start_cli(["--source", f"loop:{long_clip}", "--realtime", "--tasks", "pose", "--keypoints3d", *OFFLINE,
+                       "--publish", f"tcp://127.0.0.1:{free_port()}", "--view", listen, "--view-token", "s3cret"],
+                      env=cli_env, cwd=tmp_path)
+    try:
+        wait_http(f"http://{listen}/static/viewer.js", [pipeline])
+        assert http_get(f"http://{listen}/")[0] == 401  # no token, no page
+        assert http_get(f"http://{listen}/ws")[0] == 401
+        assert http_get(f"http://{listen}/static/")[0] == 404  # no directory listing
+        assert http_get(f"http://{listen}/static/../pyproject.toml")[0] == 404
+        driver.get(f"http://{listen}/?token=s3cret")
+        wait_page(driver, lambda: int(attr(driver, "data-frames-drawn") or 0) >= 3, "drew 3 frames")
+        assert attr(driver, "data-annotated") == "false"  # raw frames, layers drawn here
+        assert not driver.find_element("id", "bakednote").is_displayed()
+        # --keypoints3d: the page's 3D panel shows the persons' lifted keypoints, in each plane
+        wait_page(driver, lambda: int(attr(driver, "data-drawn3d") or 0) > 0, "drew 3D links")
+        assert driver.find_element("id", "space").is_displayed()
+        # docs/WIRE.md: metric, but the reference names no unit (metres is a convention, unverified)
+        assert "metric (unit not named by the reference: conventionally metres, unverified)" in \
+            driver.find_element("id", "spaceunits").text
+        driver.find_element("css selector", '#spaceview option[value="top"]').click()
+        wait_page(driver, lambda: int(attr(driver, "data-points3d") or 0) > 0, "kept drawing in the top view")
+    finally:
+        stop_all(pipeline)
+
+
+@needs_browser
+def test_the_documented_command_shows_the_demo_with_layers_and_figures(tiny: Path, cli_env: dict[str, str],
+                                                                              tmp_path: Path, driver) -> None:
+    """The README's command as a user types it (free ports for 5599 and 8080): the demo on the tiny
+    random-weight fallback (pose and seg, no person detector), served by the pipeline itself. The
+    page draws the frames, the segmentation layer toggles on the picture, the figures are what the
+    pipeline publishes, the page says the whole frame is the one person, and Ctrl-C ends the run
+    cleanly. A screenshot with the layers on is kept (out/artifacts/viewer-demo.png) for a person to
+    look at."""
+    listen, publish = f"127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
+    pipeline = start_cli(["--source", "demo", "--fallback-tiny", "--publish", publish, "--view", listen],
+                      env=cli_env, cwd=tmp_path)
+    try:
+        wait_http(f"http://{listen}/", [pipeline])
+        with _Forwarded(listen) as forwarded:  # the status messages the page gets, as the Python client reads them
+            driver.get(f"http://{listen}/")
+            wait_page(driver, lambda: int(attr(driver, "data-frames-drawn") or 0) >= 3, "drew 3 frames")
+            assert attr(driver, "data-annotated") == "false" and attr(driver, "data-source") == "demo"
+            seg = driver.find_element("css selector", 'input[data-layer="seg"]')
+            assert not seg.is_selected() and attr(driver, "data-drawn-seg") == "0"
+            seg.click()
+            wait_page(driver, lambda: attr(driver, "data-drawn-seg") == "1", "drew the segmentation layer")
+            seg.click()  # and off again (random weights: the segmentation is noise over the picture)
+            wait_page(driver, lambda: attr(driver, "data-drawn-seg") == "0", "hid the segmentation layer")
+            face = driver.find_element("css selector", 'input[data-layer="face"]')
+            face.click()
+            wait_page(driver, lambda: int(attr(driver, "data-drawn-face") or 0) > 0, "drew the face points")
+            wait_page(driver, lambda: attr(driver, "data-health") == "ok" and float(attr(driver, "data-fps")) > 0,
+                       "showed a status")
+            shown_fps = float(attr(driver, "data-fps"))
+            deadline = time.monotonic() + 30  # the page's status reached the test's connection too
+            while not any(abs(shown_fps - s.fps) < 0.01 for s in forwarded.statuses):
+                assert time.monotonic() < deadline, \
+                    f"the page shows {shown_fps} fps, the pipeline said {[s.fps for s in forwarded.statuses]}"
+                time.sleep(0.1)
+            assert forwarded.statuses[-1].detector == "full-frame"  # the offline fallback: no detector weights
+        figures = {name: driver.find_element("id", name).text for name in ("drops", "reopens", "decode", "persons")}
+        assert figures == {"drops": "0", "reopens": "0", "decode": "0", "persons": "1 (whole frame)"}, figures
+        assert driver.find_element("id", "detectornote").is_displayed()
+        assert "median" in driver.find_element("id", "plotrange").text  # the latency plot has points
+        assert "RANDOM WEIGHTS" in driver.find_element("id", "banner").text
+        _caption_agrees_with_the_figures(driver)
+        index = int(attr(driver, "data-last-frame-index"))  # more frames: the latency plot has a history
+        wait_page(driver, lambda: int(attr(driver, "data-last-frame-index")) >= index + 20
+                   or attr(driver, "data-health") == "closed", "showed 20 frames more")
+        shot = REPO / "out" / "artifacts" / "viewer-demo.png"
+        shot.parent.mkdir(parents=True, exist_ok=True)
+        driver.save_screenshot(str(shot))
+        # Ctrl-C mid-clip (the end of a source under --view: the next test, on a short clip: the demo's 180
+        # frames of 720p took some 80 s more on a loaded 2-core machine).
+        pipeline.send_signal(signal.SIGINT)
+        _, err = pipeline.communicate(timeout=120)
+        assert pipeline.returncode == 0, err
+        assert "Traceback" not in err
+    finally:
+        stop_all(pipeline)
+
+
+@needs_browser
+def test_under_view_the_run_stays_up_after_its_source_ends(tiny: Path, cli_env: dict[str, str], tmp_path: Path,
+                                                           driver) -> None:
+    """When the clip ends the page keeps its last picture and says the source closed; the view stays up
+    until Ctrl-C, which ends the run cleanly."""
+    clip = make_video(tmp_path / "short.mp4", n=60, w=96, h=64, fps=10)  # 6 s paced: the page sees it play
+    listen = f"127.0.0.1:{free_port()}"
+    pipeline = start_cli(["--source", clip, "--realtime", "--tasks", "pose", *OFFLINE, "--publish", f"tcp://127.0.0.1:{free_port()}",
+                          "--view", listen], env=cli_env, cwd=tmp_path)
+    try:
+        wait_http(f"http://{listen}/", [pipeline])
+        driver.get(f"http://{listen}/")
+        wait_page(driver, lambda: int(attr(driver, "data-frames-drawn") or 0) >= 3, "drew 3 frames")
+        drawn = int(attr(driver, "data-frames-drawn"))
+        wait_page(driver, lambda: attr(driver, "data-health") == "closed", "showed the end of the clip")
+        assert pipeline.poll() is None, "the view went away with the clip"
+        assert int(attr(driver, "data-frames-drawn")) >= drawn, "the page lost the clip's last picture"
+        assert driver.find_element("id", "health").text == "closed"
+        pipeline.send_signal(signal.SIGINT)
+        _, err = pipeline.communicate(timeout=120)
+        assert pipeline.returncode == 0, err
+        assert "the web view stays up" in err and "Traceback" not in err
+    finally:
+        stop_all(pipeline)
+
+
+# A person standing at the origin, facing +X (x forward, y left, z up, metres): the 15 body joints
+# and the wrists; the other 291 keypoints (feet, hands, face, extra) are sent as not valid.
+_JOINTS = {
+    "nose": (0.10, 0.00, 1.62), "left_eye": (0.08, 0.03, 1.66), "right_eye": (0.08, -0.03, 1.66),
+    "left_ear": (0.00, 0.08, 1.63), "right_ear": (0.00, -0.08, 1.63),
+    "left_shoulder": (0.00, 0.19, 1.42), "right_shoulder": (0.00, -0.19, 1.42),
+    "left_elbow": (0.02, 0.24, 1.14), "right_elbow": (0.02, -0.24, 1.14),
+    "left_wrist": (0.05, 0.26, 0.88), "right_wrist": (0.05, -0.26, 0.88),
+    "left_hip": (0.00, 0.11, 0.95), "right_hip": (0.00, -0.11, 0.95),
+    "left_knee": (0.03, 0.11, 0.52), "right_knee": (0.03, -0.11, 0.52),
+    "left_ankle": (0.00, 0.11, 0.08), "right_ankle": (0.00, -0.11, 0.08),
+}
+
+
+@dataclass
+class _World:
+    """Two persons of a rig's world step: id 7 at (1.2, 0.4) whole, id 12 at (-0.6, 1.5) without its
+    left arm (not valid), and what the page must draw of them."""
+
+    fields: dict
+    parts: list
+    points: int  # valid points
+    links: int  # skeleton links between two valid points
+
+
+def _world() -> _World:
+    from sapiens2_client import wire
+    from stages.metadata import load_metadata
+
+    meta = load_metadata()
+    names, k = [str(n) for n in meta.keypoint_names], meta.num_keypoints
+    xyz, valid = np.zeros((2, k, 3), np.float32), np.zeros((2, k), np.uint8)
+    for p, (at, missing) in enumerate([((1.2, 0.4), ()), ((-0.6, 1.5), ("left_elbow", "left_wrist"))]):
+        for name, (x, y, z) in _JOINTS.items():
+            if name not in missing:
+                i = names.index(name)
+                xyz[p, i], valid[p, i] = (x + at[0], y + at[1], z), 1
+    members = np.array([[0, 1, -1], [1, -1, 0]], np.int32)
+    parts = [wire.Part("world_keypoints", xyz), wire.Part("world_valid", valid),
+             wire.Part("world_error", valid * np.float32(0.6)), wire.Part("world_views", valid * 2),
+             wire.Part("world_ids", np.array([7, 12], np.int64)), wire.Part("world_members", members),
+             wire.Part("single_view", np.array([[2, 1]], np.int32))]
+    fields = {"num_persons": 2, "num_keypoints": k, "units": "m", "cameras": ["cam0", "cam1", "cam2"],
+              "camera_frames": {"cam0": 40, "cam1": 41}}
+    links = sum(bool(valid[p, a] and valid[p, b]) for p in range(2) for a, b in meta.skeleton_links.tolist())
+    return _World(fields, parts, int(valid.sum()), links)
+
+
+class _WorldRig(Reader):
+    """A rig's publisher as the pipeline's is to a subscriber: ``wire.encode`` on a real XPUB socket,
+    a world step every 0.1 s (the same persons, standing still) until the with-block ends."""
+
+    def __init__(self, world: _World) -> None:
+        import zmq
+
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.XPUB)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.endpoint = f"tcp://127.0.0.1:{self.sock.bind_to_random_port('tcp://127.0.0.1')}"
+        self.world, self.sent = world, 0
+        super().__init__(self._run)
+
+    def _run(self) -> None:
+        from sapiens2_client import wire
+
+        while not self._stop.wait(0.1):
+            meta = wire.meta_fields(wire.FrameMeta("rig", self.sent, capture_ns=time.time_ns(),
+                                                   latency_ms={"triangulate": 0.8}))
+            self.sock.send_multipart(wire.encode("world", "rig", {**meta, **self.world.fields}, self.world.parts,
+                                                 publish_ns=time.time_ns()))
+            self.sent += 1
+
+    def __exit__(self, *exc) -> None:
+        super().__exit__(*exc)
+        self.sock.close()
+        self.ctx.term()
+
+
+async def _world_topics(url: str, source: str, count: int) -> list[str]:
+    """The topics a WebSocket client of the viewer that shows camera ``source`` gets, until ``count``
+    world messages came (or 60 s)."""
+    import aiohttp
+
+    topics: list[str] = []
+    deadline = time.monotonic() + 60
+    async with aiohttp.ClientSession() as session, session.ws_connect(f"{url}/ws") as ws:
+        await ws.send_str(json.dumps({"source": source}))
+        while sum(t.startswith("world.") for t in topics) < count and time.monotonic() < deadline:
+            msg = await ws.receive(timeout=30)
+            assert msg.type == aiohttp.WSMsgType.BINARY, msg
+            topics.append(unpack_frames(msg.data)[0].decode())
+    return topics
+
+
+def _world_canvas(driver) -> bytes:
+    return base64.b64decode(driver.execute_script(
+        "return document.getElementById('world3d').toDataURL('image/png');").split(",", 1)[1])
+
+
+@needs_browser
+def test_the_world_steps_of_a_rig_are_drawn_in_3d_and_turn_with_a_drag(driver) -> None:
+    """A rig's world messages reach the page (a viewer forwards them to every browser), which draws
+    the valid points and the skeleton links between them in 3D with a floor grid, axes and the
+    person ids; a drag turns the view; with no world message for a while the panel hides again.
+    The panel's picture is kept (out/artifacts/world3d.png, the source of docs/world3d.png)."""
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    from pipeline.viewer.server import ViewServer
+
+    world = _world()
+    rig = _WorldRig(world)
+    viewer = ViewServer([rig.endpoint], listen="127.0.0.1:0").start()
+    try:
+        driver.get(f"{viewer.url}/")
+        wait_page(driver, lambda: driver.find_element("id", "connection").text == "connected", "connected")
+        assert not driver.find_element("id", "world").is_displayed()  # no world message yet: no panel
+        with rig:
+            wait_page(driver, lambda: attr(driver, "data-world-shown") == "true", "showed the world panel")
+            wait_page(driver, lambda: int(attr(driver, "data-world-frame-index") or -1) >= 2, "drew 3 world steps")
+            assert driver.find_element("id", "world").is_displayed()
+            assert attr(driver, "data-world-rig") == "rig" and attr(driver, "data-world-persons") == "2"
+            assert attr(driver, "data-world-ids") == "7,12"
+            assert int(attr(driver, "data-world-points")) == world.points == 32  # 17 + 15: invalid ones not drawn
+            assert int(attr(driver, "data-world-links")) == world.links
+            hint = driver.find_element("id", "worldhint").text
+            assert "2 persons" in hint and "metres, Z up" in hint and "2/3 cameras (no frame: cam2)" in hint, hint
+            assert "1 seen by one camera only" in hint, hint
+            assert not driver.find_elements("css selector", '#source option[value="rig"]')  # a rig is no camera
+            assert attr(driver, "data-refused") == "0"
+            topics = asyncio.run(_world_topics(viewer.url, "cam0", 3))  # a page showing a camera gets them too
+            assert topics.count("world.rig") >= 3, topics
+            canvas = driver.find_element("id", "world3d")
+            shot = REPO / "out" / "artifacts" / "world3d.png"  # the source of docs/world3d.png
+            shot.parent.mkdir(parents=True, exist_ok=True)
+            driver.execute_script("document.getElementById('world').scrollIntoView();")
+            driver.find_element("id", "world").screenshot(str(shot))
+            before, yaw, pitch = _world_canvas(driver), attr(driver, "data-world-yaw"), attr(driver, "data-world-pitch")
+            ActionChains(driver).drag_and_drop_by_offset(canvas, 90, 40).perform()
+            wait_page(driver, lambda: attr(driver, "data-world-yaw") != yaw, "turned the view with a drag")
+            assert attr(driver, "data-world-pitch") != pitch
+            # the persons stand still: only the turn can have changed the picture
+            wait_page(driver, lambda: _world_canvas(driver) != before, "drew the turned view")
+        wait_page(driver, lambda: not driver.find_element("id", "world").is_displayed(),
+                  "hid the world panel once the rig stopped")
+        assert Image.open(shot).size[0] >= 300
+        # A page that is left closes its WebSocket (Chromium keeps a left page, and its socket, in its
+        # back/forward cache for minutes: the viewer would go on sending to it).
+        driver.get("about:blank")
+        deadline = time.monotonic() + 60
+        while viewer.stats.clients:
+            assert time.monotonic() < deadline, "the page left for about:blank still holds its WebSocket"
+            time.sleep(0.1)
+    finally:
+        viewer.close()
+
+
+# -- two looping pipelines and a viewer (the module fixture `streams`) --------------------------------------
 def test_view_metrics_are_the_pipelines_figures(streams: Streams) -> None:
     """``view --metrics`` serves the pipelines' own figures from their messages, with no browser open."""
     deadline = time.monotonic() + 120
@@ -380,249 +652,3 @@ def _published_later(sub: Subscriber, fps: float) -> bool:
         if isinstance(msg, StatusMessage) and abs(msg.fps - fps) < 0.01:
             return True
     return False
-
-
-@needs_browser
-def test_pipeline_serves_its_own_view_with_a_token(tiny: Path, cli_env: dict[str, str], tmp_path: Path,
-                                                  long_clip: Path, driver) -> None:
-    listen = f"127.0.0.1:{free_port()}"
-    pipeline = start_cli(["--source", long_clip, "--realtime", "--tasks", "pose", "--keypoints3d", *OFFLINE,
-                       "--publish", f"tcp://127.0.0.1:{free_port()}", "--view", listen, "--view-token", "s3cret"],
-                      env=cli_env, cwd=tmp_path)
-    try:
-        wait_http(f"http://{listen}/static/viewer.js", [pipeline])
-        assert http_get(f"http://{listen}/")[0] == 401  # no token, no page
-        assert http_get(f"http://{listen}/ws")[0] == 401
-        assert http_get(f"http://{listen}/static/")[0] == 404  # no directory listing
-        assert http_get(f"http://{listen}/static/../pyproject.toml")[0] == 404
-        driver.get(f"http://{listen}/?token=s3cret")
-        wait_page(driver, lambda: int(attr(driver, "data-frames-drawn") or 0) >= 3, "drew 3 frames")
-        assert attr(driver, "data-annotated") == "false"  # raw frames, layers drawn here
-        assert not driver.find_element("id", "bakednote").is_displayed()
-        # --keypoints3d: the page's 3D panel shows the persons' lifted keypoints, in each plane
-        wait_page(driver, lambda: int(attr(driver, "data-drawn3d") or 0) > 0, "drew 3D links")
-        assert driver.find_element("id", "space").is_displayed()
-        # docs/WIRE.md: metric, but the reference names no unit (metres is a convention, unverified)
-        assert "metric (unit not named by the reference: conventionally metres, unverified)" in \
-            driver.find_element("id", "spaceunits").text
-        driver.find_element("css selector", '#spaceview option[value="top"]').click()
-        wait_page(driver, lambda: int(attr(driver, "data-points3d") or 0) > 0, "kept drawing in the top view")
-    finally:
-        stop_all(pipeline)
-
-
-@needs_browser
-def test_the_documented_command_shows_the_demo_with_layers_figures_and_its_end(tiny: Path, cli_env: dict[str, str],
-                                                                              tmp_path: Path, driver) -> None:
-    """The README's command as a user types it (free ports for 5599 and 8080): the demo on the tiny
-    random-weight fallback (pose and seg, no person detector), served by the pipeline itself. The
-    page draws the frames, the segmentation layer toggles on the picture, the figures are what the
-    pipeline publishes, the page says the whole frame is the one person, and when the clip ends the
-    view stays up showing the source closed until Ctrl-C. A screenshot with the layers on is kept
-    (out/artifacts/viewer-demo.png) for a person to look at."""
-    listen, publish = f"127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
-    pipeline = start_cli(["--source", "demo", "--fallback-tiny", "--publish", publish, "--view", listen],
-                      env=cli_env, cwd=tmp_path)
-    try:
-        wait_http(f"http://{listen}/", [pipeline])
-        with _Forwarded(listen) as forwarded:  # the status messages the page gets, as the Python client reads them
-            driver.get(f"http://{listen}/")
-            wait_page(driver, lambda: int(attr(driver, "data-frames-drawn") or 0) >= 3, "drew 3 frames")
-            assert attr(driver, "data-annotated") == "false" and attr(driver, "data-source") == "demo"
-            seg = driver.find_element("css selector", 'input[data-layer="seg"]')
-            assert not seg.is_selected() and attr(driver, "data-drawn-seg") == "0"
-            seg.click()
-            wait_page(driver, lambda: attr(driver, "data-drawn-seg") == "1", "drew the segmentation layer")
-            seg.click()  # and off again (random weights: the segmentation is noise over the picture)
-            wait_page(driver, lambda: attr(driver, "data-drawn-seg") == "0", "hid the segmentation layer")
-            face = driver.find_element("css selector", 'input[data-layer="face"]')
-            face.click()
-            wait_page(driver, lambda: int(attr(driver, "data-drawn-face") or 0) > 0, "drew the face points")
-            wait_page(driver, lambda: attr(driver, "data-health") == "ok" and float(attr(driver, "data-fps")) > 0,
-                       "showed a status")
-            shown_fps = float(attr(driver, "data-fps"))
-            deadline = time.monotonic() + 30  # the page's status reached the test's connection too
-            while not any(abs(shown_fps - s.fps) < 0.01 for s in forwarded.statuses):
-                assert time.monotonic() < deadline, \
-                    f"the page shows {shown_fps} fps, the pipeline said {[s.fps for s in forwarded.statuses]}"
-                time.sleep(0.1)
-            assert forwarded.statuses[-1].detector == "full-frame"  # the offline fallback: no detector weights
-        figures = {name: driver.find_element("id", name).text for name in ("drops", "reopens", "decode", "persons")}
-        assert figures == {"drops": "0", "reopens": "0", "decode": "0", "persons": "1 (whole frame)"}, figures
-        assert driver.find_element("id", "detectornote").is_displayed()
-        assert "median" in driver.find_element("id", "plotrange").text  # the latency plot has points
-        assert "RANDOM WEIGHTS" in driver.find_element("id", "banner").text
-        _caption_agrees_with_the_figures(driver)
-        index = int(attr(driver, "data-last-frame-index"))  # more frames: the latency plot has a history
-        wait_page(driver, lambda: int(attr(driver, "data-last-frame-index")) >= index + 40
-                   or attr(driver, "data-health") == "closed", "showed 40 frames more")
-        shot = REPO / "out" / "artifacts" / "viewer-demo.png"
-        shot.parent.mkdir(parents=True, exist_ok=True)
-        driver.save_screenshot(str(shot))
-        # The clip ends; the page keeps its last picture and says the source closed.
-        drawn = int(attr(driver, "data-frames-drawn"))
-        wait_page(driver, lambda: attr(driver, "data-health") == "closed", "showed the end of the clip", 300)
-        assert pipeline.poll() is None, "the view went away with the clip"
-        assert int(attr(driver, "data-frames-drawn")) >= drawn and driver.find_element("id", "health").text == "closed"
-        pipeline.send_signal(signal.SIGINT)
-        _, err = pipeline.communicate(timeout=120)
-        assert pipeline.returncode == 0, err
-        assert "the web view stays up" in err and "Traceback" not in err
-    finally:
-        stop_all(pipeline)
-
-
-# A person standing at the origin, facing +X (x forward, y left, z up, metres): the 15 body joints
-# and the wrists; the other 291 keypoints (feet, hands, face, extra) are sent as not valid.
-_JOINTS = {
-    "nose": (0.10, 0.00, 1.62), "left_eye": (0.08, 0.03, 1.66), "right_eye": (0.08, -0.03, 1.66),
-    "left_ear": (0.00, 0.08, 1.63), "right_ear": (0.00, -0.08, 1.63),
-    "left_shoulder": (0.00, 0.19, 1.42), "right_shoulder": (0.00, -0.19, 1.42),
-    "left_elbow": (0.02, 0.24, 1.14), "right_elbow": (0.02, -0.24, 1.14),
-    "left_wrist": (0.05, 0.26, 0.88), "right_wrist": (0.05, -0.26, 0.88),
-    "left_hip": (0.00, 0.11, 0.95), "right_hip": (0.00, -0.11, 0.95),
-    "left_knee": (0.03, 0.11, 0.52), "right_knee": (0.03, -0.11, 0.52),
-    "left_ankle": (0.00, 0.11, 0.08), "right_ankle": (0.00, -0.11, 0.08),
-}
-
-
-@dataclass
-class _World:
-    """Two persons of a rig's world step: id 7 at (1.2, 0.4) whole, id 12 at (-0.6, 1.5) without its
-    left arm (not valid), and what the page must draw of them."""
-
-    fields: dict
-    parts: list
-    points: int  # valid points
-    links: int  # skeleton links between two valid points
-
-
-def _world() -> _World:
-    from sapiens2_client import wire
-    from stages.metadata import load_metadata
-
-    meta = load_metadata()
-    names, k = [str(n) for n in meta.keypoint_names], meta.num_keypoints
-    xyz, valid = np.zeros((2, k, 3), np.float32), np.zeros((2, k), np.uint8)
-    for p, (at, missing) in enumerate([((1.2, 0.4), ()), ((-0.6, 1.5), ("left_elbow", "left_wrist"))]):
-        for name, (x, y, z) in _JOINTS.items():
-            if name not in missing:
-                i = names.index(name)
-                xyz[p, i], valid[p, i] = (x + at[0], y + at[1], z), 1
-    members = np.array([[0, 1, -1], [1, -1, 0]], np.int32)
-    parts = [wire.Part("world_keypoints", xyz), wire.Part("world_valid", valid),
-             wire.Part("world_error", valid * np.float32(0.6)), wire.Part("world_views", valid * 2),
-             wire.Part("world_ids", np.array([7, 12], np.int64)), wire.Part("world_members", members),
-             wire.Part("single_view", np.array([[2, 1]], np.int32))]
-    fields = {"num_persons": 2, "num_keypoints": k, "units": "m", "cameras": ["cam0", "cam1", "cam2"],
-              "camera_frames": {"cam0": 40, "cam1": 41}}
-    links = sum(bool(valid[p, a] and valid[p, b]) for p in range(2) for a, b in meta.skeleton_links.tolist())
-    return _World(fields, parts, int(valid.sum()), links)
-
-
-class _WorldRig(Reader):
-    """A rig's publisher as the pipeline's is to a subscriber: ``wire.encode`` on a real XPUB socket,
-    a world step every 0.1 s (the same persons, standing still) until the with-block ends."""
-
-    def __init__(self, world: _World) -> None:
-        import zmq
-
-        self.ctx = zmq.Context()
-        self.sock = self.ctx.socket(zmq.XPUB)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.endpoint = f"tcp://127.0.0.1:{self.sock.bind_to_random_port('tcp://127.0.0.1')}"
-        self.world, self.sent = world, 0
-        super().__init__(self._run)
-
-    def _run(self) -> None:
-        from sapiens2_client import wire
-
-        while not self._stop.wait(0.1):
-            meta = wire.meta_fields(wire.FrameMeta("rig", self.sent, capture_ns=time.time_ns(),
-                                                   latency_ms={"triangulate": 0.8}))
-            self.sock.send_multipart(wire.encode("world", "rig", {**meta, **self.world.fields}, self.world.parts,
-                                                 publish_ns=time.time_ns()))
-            self.sent += 1
-
-    def __exit__(self, *exc) -> None:
-        super().__exit__(*exc)
-        self.sock.close()
-        self.ctx.term()
-
-
-async def _world_topics(url: str, source: str, count: int) -> list[str]:
-    """The topics a WebSocket client of the viewer that shows camera ``source`` gets, until ``count``
-    world messages came (or 60 s)."""
-    import aiohttp
-
-    topics: list[str] = []
-    deadline = time.monotonic() + 60
-    async with aiohttp.ClientSession() as session, session.ws_connect(f"{url}/ws") as ws:
-        await ws.send_str(json.dumps({"source": source}))
-        while sum(t.startswith("world.") for t in topics) < count and time.monotonic() < deadline:
-            msg = await ws.receive(timeout=30)
-            assert msg.type == aiohttp.WSMsgType.BINARY, msg
-            topics.append(unpack_frames(msg.data)[0].decode())
-    return topics
-
-
-def _world_canvas(driver) -> bytes:
-    return base64.b64decode(driver.execute_script(
-        "return document.getElementById('world3d').toDataURL('image/png');").split(",", 1)[1])
-
-
-@needs_browser
-def test_the_world_steps_of_a_rig_are_drawn_in_3d_and_turn_with_a_drag(driver) -> None:
-    """A rig's world messages reach the page (a viewer forwards them to every browser), which draws
-    the valid points and the skeleton links between them in 3D with a floor grid, axes and the
-    person ids; a drag turns the view; with no world message for a while the panel hides again.
-    The panel's picture is kept (out/artifacts/world3d.png, the source of docs/world3d.png)."""
-    from selenium.webdriver.common.action_chains import ActionChains
-
-    from pipeline.viewer.server import ViewServer
-
-    world = _world()
-    rig = _WorldRig(world)
-    viewer = ViewServer([rig.endpoint], listen="127.0.0.1:0").start()
-    try:
-        driver.get(f"{viewer.url}/")
-        wait_page(driver, lambda: driver.find_element("id", "connection").text == "connected", "connected")
-        assert not driver.find_element("id", "world").is_displayed()  # no world message yet: no panel
-        with rig:
-            wait_page(driver, lambda: attr(driver, "data-world-shown") == "true", "showed the world panel")
-            wait_page(driver, lambda: int(attr(driver, "data-world-frame-index") or -1) >= 2, "drew 3 world steps")
-            assert driver.find_element("id", "world").is_displayed()
-            assert attr(driver, "data-world-rig") == "rig" and attr(driver, "data-world-persons") == "2"
-            assert attr(driver, "data-world-ids") == "7,12"
-            assert int(attr(driver, "data-world-points")) == world.points == 32  # 17 + 15: invalid ones not drawn
-            assert int(attr(driver, "data-world-links")) == world.links
-            hint = driver.find_element("id", "worldhint").text
-            assert "2 persons" in hint and "metres, Z up" in hint and "2/3 cameras (no frame: cam2)" in hint, hint
-            assert "1 seen by one camera only" in hint, hint
-            assert not driver.find_elements("css selector", '#source option[value="rig"]')  # a rig is no camera
-            assert attr(driver, "data-refused") == "0"
-            topics = asyncio.run(_world_topics(viewer.url, "cam0", 3))  # a page showing a camera gets them too
-            assert topics.count("world.rig") >= 3, topics
-            canvas = driver.find_element("id", "world3d")
-            shot = REPO / "out" / "artifacts" / "world3d.png"  # the source of docs/world3d.png
-            shot.parent.mkdir(parents=True, exist_ok=True)
-            driver.execute_script("document.getElementById('world').scrollIntoView();")
-            driver.find_element("id", "world").screenshot(str(shot))
-            before, yaw, pitch = _world_canvas(driver), attr(driver, "data-world-yaw"), attr(driver, "data-world-pitch")
-            ActionChains(driver).drag_and_drop_by_offset(canvas, 90, 40).perform()
-            wait_page(driver, lambda: attr(driver, "data-world-yaw") != yaw, "turned the view with a drag")
-            assert attr(driver, "data-world-pitch") != pitch
-            # the persons stand still: only the turn can have changed the picture
-            wait_page(driver, lambda: _world_canvas(driver) != before, "drew the turned view")
-        wait_page(driver, lambda: not driver.find_element("id", "world").is_displayed(),
-                  "hid the world panel once the rig stopped")
-        assert Image.open(shot).size[0] >= 300
-        # A page that is left closes its WebSocket (Chromium keeps a left page, and its socket, in its
-        # back/forward cache for minutes: the viewer would go on sending to it).
-        driver.get("about:blank")
-        deadline = time.monotonic() + 60
-        while viewer.stats.clients:
-            assert time.monotonic() < deadline, "the page left for about:blank still holds its WebSocket"
-            time.sleep(0.1)
-    finally:
-        viewer.close()

@@ -29,7 +29,7 @@ def long_clip(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_metrics_grow_and_health_says_ready(tiny: Path, cli_env: dict[str, str], tmp_path: Path,
                                            long_clip: Path) -> None:
     listen = f"127.0.0.1:{free_port()}"
-    pipeline = start_cli(["--source", f"hall={long_clip}", "--realtime", "--source", f"gone={tmp_path / 'missing.mp4'}",
+    pipeline = start_cli(["--source", f"hall=loop:{long_clip}", "--realtime", "--source", f"gone={tmp_path / 'missing.mp4'}",
                        "--tasks", "pose", *OFFLINE, "--metrics", listen, "--publish", f"tcp://127.0.0.1:{free_port()}"],
                       env=cli_env, cwd=tmp_path)
     try:

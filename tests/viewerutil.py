@@ -28,8 +28,9 @@ def free_port() -> int:
 
 
 def make_long_clip(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A 2-minute clip (30 fps), long enough that a --realtime run is still going while a test looks."""
-    return make_video(tmp_path_factory.mktemp("clip") / "long.mp4", n=3600, w=640, h=360)
+    """A 3 s clip (30 fps) that its runs loop (``loop:``, with --realtime): still going while a test looks.
+    (A 2-minute 640x360 clip cost 28 s of CPU to encode, in each module that made it.)"""
+    return make_video(tmp_path_factory.mktemp("clip") / "long.mp4", n=90, w=320, h=180)
 
 
 def start_cli(args: list, env: dict | None = None, cwd: Path | None = None) -> subprocess.Popen:
