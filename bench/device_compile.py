@@ -136,7 +136,7 @@ def phase_compile(ctx: Ctx) -> None:
     if ctx.left_s() < 20:
         ctx.say(f"\n(overlap rows skipped: {ctx.left_s():.0f} s left of this phase)")
         return
-    overlap_rows(ctx, engine, detector, mode, FrameEngine)
+    overlap_rows(ctx, engine, detector, mode, FrameEngine, steps=4 if ctx.smoke else 30)  # smoke: the code path
 
 
 class TimedDetector:

@@ -42,7 +42,7 @@ def _bench(tmp_path: Path, *args: str, timeout: float) -> subprocess.CompletedPr
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_device_bench_smoke_runs_every_phase(tmp_path: Path) -> None:
-    ran = _bench(tmp_path, "--seconds", "1.5", timeout=380)
+    ran = _bench(tmp_path, "--seconds", "0.5", timeout=380)
     assert ran.returncode == 0, ran.stderr[-3000:]
     report = (tmp_path / "device_bench.md").read_text()
     results = json.loads((tmp_path / "device_bench.json").read_text())
