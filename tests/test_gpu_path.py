@@ -48,11 +48,8 @@ def test_compile_is_fullgraph(pose_dir: Path, monkeypatch: pytest.MonkeyPatch) -
     assert seen and seen[0]["fullgraph"] is True and seen[0]["dynamic"] is False
 
 
-def test_warm_up_runs_each_stage_on_the_stream_that_replays_it(pose_dir: Path, tmp_path: Path,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    seg = ESTIMATORS["seg"](load_model(make_tiny(tmp_path / "seg", "seg", image_size=(64, 48)), device="cpu"))
-    pose = ESTIMATORS["pose"](load_model(pose_dir, device="cpu"))
-    engine = FrameEngine(Stages(torch.device("cpu"), None, {"pose": pose, "seg": seg}))
+def _lanes_in_use(engine: FrameEngine, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The engine's lanes.use recorded: the returned list holds the lanes entered, innermost last."""
     current: list[str] = []
 
     @contextlib.contextmanager
@@ -63,8 +60,17 @@ def test_warm_up_runs_each_stage_on_the_stream_that_replays_it(pose_dir: Path, t
         finally:
             current.pop()
 
-    ran: dict[str, tuple[str | None, int]] = {}
     monkeypatch.setattr(engine.lanes, "use", stream)
+    return current
+
+
+def test_warm_up_runs_each_stage_on_the_stream_that_replays_it(pose_dir: Path, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    seg = ESTIMATORS["seg"](load_model(make_tiny(tmp_path / "seg", "seg", image_size=(64, 48)), device="cpu"))
+    pose = ESTIMATORS["pose"](load_model(pose_dir, device="cpu"))
+    engine = FrameEngine(Stages(torch.device("cpu"), None, {"pose": pose, "seg": seg}))
+    current = _lanes_in_use(engine, monkeypatch)
+    ran: dict[str, tuple[str | None, int]] = {}
     for task, est in (("pose", pose), ("seg", seg)):
         monkeypatch.setattr(est, "warmup", lambda n, task=task: (ran.__setitem__(task, (current[-1] if current
                                                                                           else None, n)), 1.0)[1])
@@ -77,27 +83,22 @@ def test_warm_up_runs_the_detector_on_its_lane_once_per_frame_size(pose_dir: Pat
     """A detector on device frames is warmed before the first frame: one call per distinct source size,
     on the detect lane, with a device frame as the engine uploads it."""
     seen: list[tuple[str | None, tuple[int, ...], torch.dtype]] = []
-    current: list[str] = []
 
     class DeviceDetector:
         random_weights = False
 
-        def detect_tensors(self, images):
-            seen.extend((current[-1] if current else None, tuple(im.shape), im.dtype) for im in images)
-            return [Detections.empty() for _ in images]
+        def __init__(self) -> None:
+            self.lanes: list[str] = []  # the engine's lanes in use, innermost last
 
-    @contextlib.contextmanager
-    def stream(name: str):
-        current.append(name)
-        try:
-            yield
-        finally:
-            current.pop()
+        def detect_tensors(self, images):
+            seen.extend((self.lanes[-1] if self.lanes else None, tuple(im.shape), im.dtype) for im in images)
+            return [Detections.empty() for _ in images]
 
     pose = ESTIMATORS["pose"](load_model(pose_dir, device="cpu"))
     monkeypatch.setattr(pose, "warmup", lambda n: 0.5)
-    engine = FrameEngine(Stages(torch.device("cpu"), DeviceDetector(), {"pose": pose}))
-    monkeypatch.setattr(engine.lanes, "use", stream)
+    detector = DeviceDetector()
+    engine = FrameEngine(Stages(torch.device("cpu"), detector, {"pose": pose}))
+    detector.lanes = _lanes_in_use(engine, monkeypatch)
     seconds = engine.warm_up(max_persons=2, frame_sizes=((48, 64), (30, 40), (48, 64)))
     assert sorted(seen) == [("detect", (3, 30, 40), torch.uint8), ("detect", (3, 48, 64), torch.uint8)]
     assert set(seconds) == {"detect", "pose"} and seconds["pose"] == 0.5
