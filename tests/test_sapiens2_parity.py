@@ -241,3 +241,41 @@ def test_a_frame_one_pixel_high_or_wide_crops_to_its_pixels(height, width):
         crops = crop_persons(image, boxes, (64, 48), sampling=sampling)
         assert crops.shape == (1, 3, 64, 48) and torch.isfinite(crops).all(), sampling
         assert (crops[0, 0] - pixel).abs().min() < 1e-4, sampling  # the frame itself is in the crop
+
+
+@pytest.mark.parametrize("native", [True, False])  # torch's uint8 CPU kernel; float32 and back (GPUs, old CPUs)
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last", "view"])
+def test_resize_is_torchvisions_bit_for_bit(native: bool, layout: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Our bilinear antialiased resize (written out: importing torchvision costs 1.3 s) gives torchvision's
+    pixels, down and up, odd sizes, each memory layout a frame reaches it in."""
+    from torchvision.transforms.v2 import functional as tvF
+    from torchvision.transforms.v2.functional import _geometry
+
+    from stages.sapiens2 import preprocess
+
+    monkeypatch.setattr(preprocess, "_native_uint8_bilinear", lambda device: native)
+    monkeypatch.setattr(_geometry, "_do_native_uint8_resize_on_cpu", lambda interpolation: native)
+    rng = np.random.default_rng(3)
+    hwc = torch.from_numpy(rng.integers(0, 256, (97, 131, 3), dtype=np.uint8))
+    image = {"contiguous": hwc.permute(2, 0, 1).contiguous(), "channels_last": hwc.permute(2, 0, 1),
+             "view": hwc.permute(2, 0, 1)[:, 5:90, 7:120]}[layout]
+    for size in ((48, 64), (33, 17), (256, 192), tuple(image.shape[1:])):
+        expected = tvF.resize(image, list(size), interpolation=tvF.InterpolationMode.BILINEAR, antialias=True)
+        got = preprocess.resize_bilinear(image, size)
+        assert got.dtype == torch.uint8 and got.shape == expected.shape
+        assert torch.equal(got, expected), (layout, size, native)
+
+
+@pytest.mark.parametrize("kernel", [3, 5, 11, 17])
+def test_blur_weights_are_torchvisions(kernel: int) -> None:
+    """The DARK blur's weights, made without torchvision, are its blur of a unit impulse, exactly."""
+    from torchvision.transforms.v2 import functional as tvF
+
+    from stages.sapiens2.postprocess import _blur_kernel
+
+    sigma = 0.3 * ((kernel - 1) * 0.5 - 1) + 0.8
+    impulse = torch.zeros(1, 2 * kernel - 1, 2 * kernel - 1)
+    impulse[0, kernel - 1, kernel - 1] = 1.0
+    half = kernel // 2
+    expected = tvF.gaussian_blur(impulse, [kernel, kernel], [sigma, sigma])[0, half:half + kernel, half:half + kernel]
+    assert torch.equal(_blur_kernel(kernel, torch.device("cpu")), expected)

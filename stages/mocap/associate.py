@@ -20,7 +20,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import linear_sum_assignment
 
 from stages.metadata import load_metadata
 
@@ -41,6 +40,13 @@ def compared_keypoints(num_keypoints: int) -> np.ndarray:
     picked = [g["body"], g["foot"], g["extra"], g["left_hand"][::4], g["right_hand"][::4], g["face"][::8]]
     return np.unique(np.concatenate(picked))
 
+
+def assign(cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The least-cost assignment of rows to columns (scipy's ``linear_sum_assignment``). scipy is
+    imported on a rig's first step, not by every run that imports the pipeline (0.45 s of CPU)."""
+    from scipy.optimize import linear_sum_assignment
+
+    return linear_sum_assignment(cost)
 
 @dataclass(frozen=True)
 class Association:
@@ -122,7 +128,7 @@ def associate(views: Sequence[View], spec: Association = Association()) -> list[
                 known = rows < _REFUSED  # a member too little seen to compare does not veto the others
                 mean = np.where(known, rows, 0.0).sum(axis=0) / np.maximum(known.sum(axis=0), 1)
                 table[g] = np.where(known.any(axis=0), mean, _REFUSED)
-            rows, cols = linear_sum_assignment(table)
+            rows, cols = assign(table)
             taken = set()
             for g, j in zip(rows, cols):
                 if table[g, j] <= spec.max_epipolar_px:

@@ -26,12 +26,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.optimize import linear_sum_assignment
 
 from stages.smoothing import KeypointSmoother
 from stages.types import Detections, Keypoints
 
-from .associate import Association, View, associate
+from .associate import Association, View, assign, associate
 from .camera import CameraSet, Rig
 from .triangulate import Triangulation, triangulate
 
@@ -244,7 +243,7 @@ class WorldFuser:
                         cost[p, q] = distance
         ids = np.full(len(groups), -1, np.int64)
         if known:
-            rows, cols = linear_sum_assignment(cost)
+            rows, cols = assign(cost)
             for p, q in zip(rows, cols):
                 if cost[p, q] < 1e9:
                     ids[p] = known[q][0]

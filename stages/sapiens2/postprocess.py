@@ -6,26 +6,24 @@ Pure torch; reproduces the reference post-processing (transformers 5.23 ``Sapien
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torchvision.transforms.v2 import functional as tvF
 
 from .preprocess import crop_params, device_constant, pad_box
 
 
 @functools.lru_cache(maxsize=8)
 def _blur_kernel(kernel: int, device: torch.device) -> Tensor:
-    """(kernel, kernel) Gaussian weights with cv2's sigma for the size, exactly as torchvision (and so
-    the reference) builds them: read off torchvision's blur of a unit impulse."""
+    """(kernel, kernel) Gaussian weights with cv2's sigma for the size, made exactly as torchvision's
+    ``gaussian_blur`` (and so the reference) makes them: a softmax over a linspace, per axis, then the
+    outer product, in float32 (tests/test_sapiens2_parity.py holds them against torchvision's)."""
     sigma = 0.3 * ((kernel - 1) * 0.5 - 1) + 0.8
-    impulse = torch.zeros(1, 2 * kernel - 1, 2 * kernel - 1)
-    impulse[0, kernel - 1, kernel - 1] = 1.0
-    half = kernel // 2
-    blurred = tvF.gaussian_blur(impulse, [kernel, kernel], [sigma, sigma])
-    weights = blurred[0, half : half + kernel, half : half + kernel]
-    return weights.to(device)
+    lim = (kernel - 1) / (2.0 * math.sqrt(2.0))
+    axis = torch.softmax(torch.linspace(-lim, lim, steps=kernel, dtype=torch.float32).div(sigma).pow(2).neg(), dim=0)
+    return (axis.unsqueeze(-1) * axis).to(device)
 
 
 def blur_preserve_max(heatmaps: Tensor, kernel: int = 11) -> Tensor:

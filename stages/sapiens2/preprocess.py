@@ -7,12 +7,12 @@ They reproduce the reference processor's arithmetic (transformers 5.23 ``Sapiens
 from __future__ import annotations
 
 import functools
+import platform
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torchvision.transforms.v2 import functional as tvF
 
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
@@ -108,9 +108,35 @@ def crop_persons(image: Tensor, boxes_xyxy: Tensor, input_size: tuple[int, int],
     return normalize(torch.where(shrink[:, None, None, None], bilinear, bicubic))
 
 
+def _native_uint8_bilinear(device: torch.device) -> bool:
+    """Whether torch resizes uint8 images itself (its AVX2/AVX512 and ARM CPU kernels), as torchvision asks."""
+    return device.type == "cpu" and (torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+                                     or platform.machine() in ("aarch64", "arm64"))
+
+
+def resize_bilinear(image: Tensor, size: tuple[int, int]) -> Tensor:
+    """(C, H, W) uint8 -> (C, h, w) uint8, bilinear with antialiasing: torchvision's ``resize`` (v2) of
+    a uint8 tensor, call for call, so the reference's pixels are ours bit for bit. Written out here
+    because importing torchvision costs every process 1.3 s of CPU (it imports torch._dynamo)."""
+    c, old_h, old_w = image.shape
+    if (old_h, old_w) == tuple(size):
+        return image
+    batch = image.reshape(1, c, old_h, old_w)
+    strides = batch.stride()
+    if batch.is_contiguous(memory_format=torch.channels_last) and image.numel() != strides[0]:
+        # (torchvision's re-striding: keeps a channels_last input's output channels_last, pytorch#68430)
+        batch = batch.as_strided((1, c, old_h, old_w), [image.numel(), *strides[1:]])
+    if _native_uint8_bilinear(image.device):
+        out = F.interpolate(batch, size=list(size), mode="bilinear", align_corners=False, antialias=True)
+    else:
+        out = F.interpolate(batch.to(torch.float32), size=list(size), mode="bilinear", align_corners=False,
+                            antialias=True).round_().to(torch.uint8)
+    return out.reshape(c, *size)
+
+
 def resize_full(image: Tensor, input_size: tuple[int, int]) -> Tensor:
     """Whole frame resized to the model input, aspect not kept (seg, matting): (1, 3, h, w) normalised."""
-    resized = tvF.resize(image, list(input_size), interpolation=tvF.InterpolationMode.BILINEAR, antialias=True)
+    resized = resize_bilinear(image, input_size)
     return normalize(resized.unsqueeze(0))
 
 
@@ -131,7 +157,7 @@ def resize_pad(image: Tensor, input_size: tuple[int, int]) -> Tensor:
     """Aspect kept, zero-padded to the centre of the input (normals, pointmap): (1, 3, h, w) normalised."""
     frame_hw = (image.shape[1], image.shape[2])
     new_h, new_w = fit_size(frame_hw, input_size)
-    resized = tvF.resize(image, [new_h, new_w], interpolation=tvF.InterpolationMode.BILINEAR, antialias=True)
+    resized = resize_bilinear(image, (new_h, new_w))
     top, left, bottom, right = pad_box(frame_hw, input_size)
     padded = F.pad(resized, (left, input_size[1] - right, top, input_size[0] - bottom))
     return normalize(padded.unsqueeze(0))
