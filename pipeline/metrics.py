@@ -167,6 +167,10 @@ class PipelineMetrics:
     def serve(self, listen: str) -> HttpService:
         return HttpService(self.app, listen, "metrics").start()
 
+    def sink(self) -> MetricsSink:
+        """The sink that keeps these metrics current."""
+        return MetricsSink(self)
+
 
 def _gauge_values(gauge: Gauge) -> list[tuple[dict, float]]:
     out = []

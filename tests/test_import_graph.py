@@ -257,13 +257,15 @@ def test_every_form_of_import_is_an_edge(tmp_path: Path, source: str, edge: str 
 def test_a_run_imports_neither_torchvision_nor_scipy() -> None:
     """What every run (and every CLI process of the tests) imports stays lean: torchvision pulls in
     torch._dynamo (1.3 s of CPU per process; our resize and blur weights are its arithmetic written out,
-    tests/test_sapiens2_parity.py) and scipy is for a rig's steps only (0.45 s). The person detector
-    (Ultralytics) still brings torchvision when a run asks for it."""
+    tests/test_sapiens2_parity.py), scipy is for a rig's steps only (0.45 s), aiohttp and
+    prometheus_client for --metrics and --view (0.2 s). The person detector (Ultralytics) still brings
+    torchvision when a run asks for it."""
     import subprocess
     import sys
 
     probe = ("import sys, pipeline.app, pipeline.cli, pipeline.engine, stages.sapiens2.estimators; "
-             "print(sorted(m for m in ('torchvision', 'torch._dynamo', 'scipy') if m in sys.modules))")
+             "print(sorted(m for m in ('torchvision', 'torch._dynamo', 'scipy', 'aiohttp', 'prometheus_client') "
+             "if m in sys.modules))")
     ran = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120,
                          check=False)
     assert ran.returncode == 0, ran.stderr
