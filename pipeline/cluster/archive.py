@@ -192,7 +192,6 @@ class ArchiveWorker:
 
     def __init__(self, cfg: RunConfig, out: str, run_id: str, weights: str | None = None, workers: int = 1) -> None:
         from pipeline.cliargs import one_line
-        from pipeline.stages_setup import build_stages
 
         logging.basicConfig(level=cfg.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
         self.cfg, self.out, self.run_id, self.weights = cfg, Path(out), run_id, weights
@@ -204,7 +203,9 @@ class ArchiveWorker:
                               "memory?); see the Ray worker logs")
         loading = self.out / f"{LOADING}{run_id}-{socket.gethostname()}-{os.getpid()}"
         loading.touch()
-        try:
+        try:  # (importing torch and the model code is part of the loading: a process may die there too)
+            from pipeline.stages_setup import build_stages
+
             self.stages = build_stages(cfg)
         except Exception as exc:  # every row this actor gets then fails with the reason; the job goes on
             self.broken = f"the worker could not load the models: {one_line(exc)}"
