@@ -90,11 +90,11 @@ def _session(sid: int) -> dict[int, str]:
     return found
 
 
-def _wait_until(predicate, what: str, deadline_s: float = DEADLINE_S) -> None:
+def _wait_until(predicate, what: str, deadline_s: float = DEADLINE_S, every_s: float = 0.02) -> None:
     end = time.monotonic() + deadline_s
     while not predicate():
         assert time.monotonic() < end, f"gave up waiting for {what}"
-        time.sleep(0.02)
+        time.sleep(every_s)
 
 
 def _kill_session(sid: int) -> None:
@@ -134,7 +134,7 @@ def test_batch_killed_then_resumed_does_each_video_once(archive: Path, ray_env: 
         first.wait(30)
         # The driver is gone; its Ray (head processes and actors) must stop too, or it would race the rerun.
         _wait_until(lambda: not any(part in cmd for cmd in _session(first.pid).values() for part in RAY_PARTS),
-                    "the killed run's Ray workers to stop", 120.0)
+                    "the killed run's Ray workers to stop", 120.0, every_s=0.25)  # (a walk of /proc costs CPU)
     finally:
         _kill_session(first.pid)  # what is left of it (Ray's agent processes), by pid
     before = _markers(out)
@@ -194,8 +194,10 @@ def test_sigterm_stops_the_batch_as_ctrl_c_does(archive: Path, ray_env: dict[str
     """A scheduler's SIGTERM: the summary of every input is written and printed, one error line, exit 143
     (not Ray's crash report and an abort)."""
     out = tmp_path / "out"
-    proc = subprocess.Popen([*CLI, "batch", str(archive), "--out", str(out), *BATCH], env=ray_env, cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    # One actor: a second would only load the models again (what a SIGTERM does is the driver's, not the actors')
+    args = [*CLI, "batch", str(archive), "--out", str(out), "--tasks", "pose", "--workers", "1", *OFFLINE]
+    proc = subprocess.Popen(args, env=ray_env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
     try:
         _wait_until(lambda: proc.poll() is not None or any(out.glob(f"*/{DONE}")), "the first DONE.json")
         assert proc.poll() is None, "the run ended before the signal"
