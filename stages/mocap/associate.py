@@ -48,6 +48,7 @@ def assign(cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
     return linear_sum_assignment(cost)
 
+
 @dataclass(frozen=True)
 class Association:
     """min_score: keypoints counted; max_epipolar_px: the largest mean distance of a pairing;

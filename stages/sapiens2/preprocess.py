@@ -108,6 +108,7 @@ def crop_persons(image: Tensor, boxes_xyxy: Tensor, input_size: tuple[int, int],
     return normalize(torch.where(shrink[:, None, None, None], bilinear, bicubic))
 
 
+@functools.lru_cache(maxsize=8)
 def _native_uint8_bilinear(device: torch.device) -> bool:
     """Whether torch resizes uint8 images itself (its AVX2/AVX512 and ARM CPU kernels), as torchvision asks."""
     return device.type == "cpu" and (torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
