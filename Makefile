@@ -9,15 +9,11 @@ JS_STAMP := $(JS)/node_modules/.installed
 
 .PHONY: demo test test-python test-js install bench vectors clean
 
-# PIP_FLAGS: .ci/run passes --no-compile (byte-compiling all of torch, Ray and transformers at install
-# costs more CPU than compiling, at first import, the modules the tests import).
-PIP_FLAGS ?=
-
 $(STAMP): pyproject.toml clients/python/pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q $(PIP_FLAGS) -c constraints.txt torch torchvision
-	$(PY) -m pip install -q $(PIP_FLAGS) -c constraints.txt -e './clients/python[test,images]' -e '.[test,cluster]'
+	$(PY) -m pip install -q -c constraints.txt torch torchvision
+	$(PY) -m pip install -q -c constraints.txt -e './clients/python[test,images]' -e '.[test,cluster]'
 	touch $(STAMP)
 
 $(JS_STAMP): $(JS)/package.json $(JS)/package-lock.json
