@@ -25,11 +25,10 @@ install: $(STAMP) $(JS_STAMP)
 # pytest exits 5 when it collects no tests: that is not a failure of the code.
 test: test-python test-js
 
-# Three workers on the 2-core machine: most tests wait on subprocesses with one torch thread, and with two
-# workers the CPUs were idle 13% of the run (vmstat; 3% with three, pytest 441 -> 379 s). --dist loadgroup
-# (tests/conftest.py schedules it): a file's tests run in one worker (its module fixtures, such as the
-# fleet's Ray cluster, made once), except the files it spreads test by test; the slow ones start first.
-TEST_WORKERS ?= 3
+# Two workers: most tests wait on subprocesses with one torch thread. --dist loadgroup (tests/conftest.py
+# schedules it): a file's tests run in one worker (its module fixtures, such as the fleet's Ray cluster,
+# made once), except the files it spreads test by test; the slow ones start first.
+TEST_WORKERS ?= 2
 
 test-python: $(STAMP)
 	$(PY) -m pytest -q --durations=25 -n $(TEST_WORKERS) --dist loadgroup tests clients/python/tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc

@@ -79,7 +79,7 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(NoSkipsInCI(), "sapiens2-no-skips-in-ci")
 
 
-# How ``make test-python`` (``-n 3 --dist loadgroup``) shares the suite between its workers: a
+# How ``make test-python`` (``-n 2 --dist loadgroup``) shares the suite between its two workers: a
 # file's tests run in one worker, so that its module fixtures (the fleet's Ray cluster, a CLI run
 # several tests read) are made once; except in these files, whose tests are long and share nothing
 # costly: each of their tests goes to whichever worker is free. The units that hold a test marked
