@@ -102,6 +102,12 @@ def phase_compile(ctx: Ctx) -> None:
     model = load_model(ctx.ckpt("pose"), device=ctx.device, dtype=ctx.dtype)
     eager = PoseEstimator(model, input_size=ctx.size)
     compiled = PoseEstimator(model, input_size=ctx.size, fastpath=FastPath(compile=mode))
+    if ctx.smoke:
+        # Dynamo and AOTAutograd without Inductor's code generation: a cold Inductor compile of even the
+        # tiny model costs the CPU 30 s, for figures that mean nothing here (tests/test_fastpath.py
+        # compiles with Inductor and checks the outputs).
+        compiled._forward = torch.compile(model, backend="aot_eager", dynamic=False, fullgraph=True)
+        ctx.say("(smoke run: compiled with backend aot_eager, not Inductor)\n")
     seg = Segmenter(ctx.ckpt("seg"), device=ctx.device, dtype=ctx.dtype, input_size=ctx.size)
     h, w = ctx.frame
     detector = TimedDetector(ctx, person_boxes(4, w, h))

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from bench.device_stream import camera_like_frame, person_boxes
-from bench.devicekit import Ctx, p50, p95, strict_float32
+from bench.devicekit import SMOKE_LAYERS, SMOKE_SIZE, Ctx, p50, p95, strict_float32
 from stages.sapiens2.config import variant
 from stages.sapiens2.model import Sapiens2
 from stages.sapiens2.tiny import random_init, tiny_config, write_checkpoint
@@ -107,7 +107,8 @@ def phase_checkpoints(ctx: Ctx) -> None:
     ctx.say(f"\n## Checkpoints (random weights, published layout, {ctx.model(CHECKPOINT_SIZE)} backbone)\n")
     rows, made = [], {}
     for task in TASKS:
-        cfg = tiny_config(task) if ctx.smoke else variant(task, CHECKPOINT_SIZE, fuse_qkv=False)
+        cfg = (tiny_config(task, layers=SMOKE_LAYERS, image_size=SMOKE_SIZE) if ctx.smoke
+               else variant(task, CHECKPOINT_SIZE, fuse_qkv=False))
         t0 = time.monotonic()
         model = random_model(cfg, ctx.device)
         built = time.monotonic() - t0
