@@ -9,11 +9,16 @@ JS_STAMP := $(JS)/node_modules/.installed
 
 .PHONY: demo test test-python test-js install bench vectors clean
 
+# uv fetches and unpacks the 4 GB of the CUDA torch build and its nvidia-* wheels in parallel, and
+# byte-compiles on every core: about 1 minute where pip took 1.5 to 4.5 (its downloads one by one).
+# The same pins (constraints.txt); if uv cannot run here, pip installs the same set.
+PACKAGES := torch torchvision -e './clients/python[test,images]' -e '.[test,cluster]'
+
 $(STAMP): pyproject.toml clients/python/pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt torch torchvision
-	$(PY) -m pip install -q -c constraints.txt -e './clients/python[test,images]' -e '.[test,cluster]'
+	$(PY) -m pip install -q --upgrade pip uv==0.13.9
+	UV_NATIVE_TLS=1 $(VENV)/bin/uv pip install -q --compile-bytecode --python $(PY) -c constraints.txt $(PACKAGES) \
+	  || { echo "uv failed: installing with pip"; $(PY) -m pip install -q -c constraints.txt $(PACKAGES); }
 	touch $(STAMP)
 
 $(JS_STAMP): $(JS)/package.json $(JS)/package-lock.json
