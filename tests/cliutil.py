@@ -8,8 +8,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import av
 import numpy as np
@@ -128,6 +130,17 @@ def decode_video(path: Path) -> Decoded:
     assert frames, f"{path}: no decodable frames"
     return Decoded(len(frames), frames[0].width, frames[0].height,
                    [float(f.pts * f.time_base) for f in frames], [int(f.pts) for f in frames])
+
+
+def wait_for(condition: Callable[[], Any], what: str, deadline_s: float = 60.0, every_s: float = 0.05):
+    """Poll until condition() is truthy (returned); fail naming ``what`` after a generous deadline."""
+    end = time.monotonic() + deadline_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        assert time.monotonic() < end, f"timed out waiting for {what}"
+        time.sleep(every_s)
 
 
 def read_jsonl(path: Path) -> list[dict]:

@@ -16,7 +16,6 @@ import sys
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable
 from fractions import Fraction
 from pathlib import Path
 
@@ -33,7 +32,7 @@ from sapiens2_client import wire
 from sapiens2_client.keys import CurveClientKeys, CurveServerKeys, make_keys
 from sapiens2_client.messages import KeypointsMessage, StatusMessage, decode_message
 from stages.types import Detections, Frame, FrameResult, Keypoints, StreamInfo
-from tests.cliutil import CLI, OFFLINE, assert_one_clear_error, make_video, read_jsonl, run_cli, run_cli_cases
+from tests.cliutil import CLI, OFFLINE, assert_one_clear_error, make_video, read_jsonl, run_cli, run_cli_cases, wait_for
 from tests.clusterutil import free_port
 
 NO_RETRY = redis.retry.Retry(redis.backoff.NoBackoff(), 0)  # a test's own client must not wait out an outage
@@ -81,17 +80,6 @@ class BridgeProc:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.communicate()
-
-
-def wait_for(condition: Callable[[], object], what: str, deadline_s: float = 60.0, every_s: float = 0.05):
-    """Poll until condition() is truthy (returned); fail naming ``what`` after a generous deadline."""
-    end = time.monotonic() + deadline_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        assert time.monotonic() < end, f"timed out waiting for {what}"
-        time.sleep(every_s)
 
 
 def result(source: str, i: int) -> FrameResult:
