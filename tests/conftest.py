@@ -7,11 +7,16 @@ import fcntl
 import logging
 import os
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from tests.cliutil import CLI, RUN_TIMEOUT_S
+
+# Ultralytics writes a settings file when it is first imported (here: by the test modules that import
+# the detector): in a folder of this run, not in the user's ~/.config (offline_env does so for the runs).
+os.environ.setdefault("YOLO_CONFIG_DIR", tempfile.mkdtemp(prefix="sapiens2-tests-yolo-"))
 
 
 # -- the harness ------------------------------------------------------------------------------

@@ -29,6 +29,12 @@ from tests.cliutil import make_video
 REPO = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", YOLO_OFFLINE="1", PYTHONUNBUFFERED="1",
            RAY_worker_niceness="0", RAY_USAGE_STATS_ENABLED="0")  # (conftest.py's cli_env says why)
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    """ENV with a checkpoint cache of the test's own: a run that falls back to tiny checkpoints makes them
+    there, never in the user's ~/.cache/sapiens2-stream."""
+    return dict(ENV, SAPIENS2_STREAM_CACHE=str(tmp_path / "cache"))
 CUDA_ONLY = {"syncs"}  # phases whose measurement needs CUDA: on the CPU they run their code path and say so
 VERSIONED = ("torch", "torchvision", "transformers", "av", "zmq", "ultralytics", "lap", "cv2", "numpy", "msgpack",
              "safetensors")
@@ -36,7 +42,8 @@ VERSIONED = ("torch", "torchvision", "transformers", "av", "zmq", "ultralytics",
 
 def _bench(tmp_path: Path, *args: str, timeout: float) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(REPO / "bench" / "device_bench.py"), "--smoke", "--out", str(tmp_path),
-                           *args], env=ENV, cwd=tmp_path, capture_output=True, text=True, timeout=timeout)
+                           *args], env=_env(tmp_path), cwd=tmp_path, capture_output=True, text=True,
+                          timeout=timeout)
 
 
 @pytest.mark.slow
@@ -107,8 +114,8 @@ def test_device_bench_smoke_runs_every_phase(tmp_path: Path) -> None:
 @pytest.mark.timeout(120)
 def test_the_3d_step_benchmark_runs_and_reports_both_figures(tmp_path: Path) -> None:
     ran = subprocess.run([sys.executable, str(REPO / "bench" / "bench_keypoints3d.py"), "--iters", "3", "--warmup",
-                          "1", "--frames", "4", "--json", str(tmp_path / "k3.json")], env=ENV, cwd=tmp_path,
-                         capture_output=True, text=True, timeout=110)
+                          "1", "--frames", "4", "--json", str(tmp_path / "k3.json")], env=_env(tmp_path),
+                         cwd=tmp_path, capture_output=True, text=True, timeout=110)
     assert ran.returncode == 0, ran.stderr[-3000:]
     out = json.loads((tmp_path / "k3.json").read_text())
     assert [r["window"] for r in out["cost"]] == [1, 3, 5] and all(r["p50_ms"] > 0 for r in out["cost"])
@@ -119,8 +126,8 @@ def test_the_3d_step_benchmark_runs_and_reports_both_figures(tmp_path: Path) -> 
 def _script(tmp_path: Path, name: str, *args: str, timeout: float) -> dict:
     """Run bench/NAME.py with ``--json``; its numbers."""
     out = tmp_path / f"{name}.json"
-    ran = subprocess.run([sys.executable, str(REPO / "bench" / f"{name}.py"), *args, "--json", str(out)], env=ENV,
-                         cwd=tmp_path, capture_output=True, text=True, timeout=timeout)
+    ran = subprocess.run([sys.executable, str(REPO / "bench" / f"{name}.py"), *args, "--json", str(out)],
+                         env=_env(tmp_path), cwd=tmp_path, capture_output=True, text=True, timeout=timeout)
     assert ran.returncode == 0, ran.stderr[-3000:]
     return json.loads(out.read_text())
 
@@ -133,6 +140,7 @@ def test_the_archive_benchmark_runs_the_loop_and_the_batch_command(tmp_path: Pat
     for row in out["results"]:
         assert (row["videos"], row["failed"], row["frames"]) == (2, 0, 8), row
         assert row["frames_per_s"] > 0 and row["steady_vs_loop"] > 0
+    assert (tmp_path / "cache" / "tiny" / "pose" / "model.safetensors").is_file()  # not in the user's ~/.cache
 
 
 @pytest.mark.slow
