@@ -141,22 +141,93 @@ class Camera:
         return Camera(self.name, self.size, self.matrix, self.dist, rvec, tvec, self.fisheye)
 
 
+class UndistortGrid:
+    """``Camera.undistort`` of a pinhole camera by bilinear lookup: its exact inverse (OpenCV's
+    iteration run to convergence) on a grid every ``step`` pixels over the frame and a margin, one
+    table row of four float32 corner terms per cell. A few numpy calls for any number of points,
+    where OpenCV's ten iterations cost 3.5 times as much (126 vs 36 us for 1,232 points, this
+    machine); the world step undistorts every keypoint of every camera each step. Points off the
+    grid (or not finite) go through ``Camera.undistort``. The coarsest of ``steps`` whose table is
+    within ``tolerance_px`` of the exact inverse (checked at every cell's centre, where bilinear
+    lookup is worst) is used; where none is, and for fisheye cameras, ``usable`` is False and the
+    camera's own undistort applies. A 1080p camera of ordinary distortion: 8 px, 1 MB, ~20 ms to build."""
+
+    def __init__(self, camera: Camera, steps: Sequence[int] = (8, 4), tolerance_px: float = 0.01) -> None:
+        self.camera, self.usable, self.error_px = camera, False, math.inf
+        if camera.fisheye:
+            return
+        focal = max(camera.matrix[0, 0], camera.matrix[1, 1])
+        for step in steps:
+            w, h = camera.size
+            xs = np.arange(-2 * step, w + 3 * step, step, dtype=np.float64)
+            ys = np.arange(-2 * step, h + 3 * step, step, dtype=np.float64)
+            self.step, self.origin, self.nx, self.ny = step, (xs[0], ys[0]), len(xs), len(ys)
+            nodes = _exact_undistort(camera, np.stack(np.meshgrid(xs, ys), axis=-1))  # (ny, nx, 2)
+            a, b, c, d = nodes[:-1, :-1], nodes[:-1, 1:], nodes[1:, :-1], nodes[1:, 1:]
+            # value = a + fx (b - a) + fy (c - a) + fx fy (d - b - c + a), x and y interleaved
+            self.cells = np.concatenate([a, b - a, c - a, d - b - c + a], axis=-1).reshape(-1, 8).astype(np.float32)
+            centres = np.stack(np.meshgrid(xs[:-1] + step / 2, ys[:-1] + step / 2), axis=-1).reshape(-1, 2)
+            looked, _ = self._lookup(centres)
+            self.error_px = float(np.abs(looked - _exact_undistort(camera, centres)).max() * focal)
+            if self.error_px <= tolerance_px:
+                self.usable = True
+                return
+        del self.cells
+
+    def _lookup(self, flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(N, 2) pixels -> (N, 2) normalised and (N,) whether each was on the grid."""
+        gx = (flat[:, 0] - self.origin[0]) * (1.0 / self.step)
+        gy = (flat[:, 1] - self.origin[1]) * (1.0 / self.step)
+        on = (gx >= 0) & (gy >= 0) & (gx < self.nx - 1) & (gy < self.ny - 1)  # False for NaN
+        if not on.all():
+            gx, gy = np.where(on, gx, 0.0), np.where(on, gy, 0.0)
+        ix, iy = gx.astype(np.intp), gy.astype(np.intp)
+        fx, fy = gx - ix, gy - iy
+        q = self.cells[iy * (self.nx - 1) + ix]  # (N, 8)
+        fxy = fx * fy
+        out = np.empty(flat.shape)
+        out[:, 0] = q[:, 0] + fx * q[:, 2] + fy * q[:, 4] + fxy * q[:, 6]
+        out[:, 1] = q[:, 1] + fx * q[:, 3] + fy * q[:, 5] + fxy * q[:, 7]
+        return out, on
+
+    def __call__(self, pixels: np.ndarray) -> np.ndarray:
+        """Pixels (..., 2) -> normalised image coordinates (..., 2), as ``Camera.undistort``."""
+        if not self.usable:
+            return self.camera.undistort(pixels)
+        pixels = np.asarray(pixels, dtype=np.float64)
+        flat = pixels.reshape(-1, 2)
+        out, on = self._lookup(flat)
+        if not on.all():
+            out[~on] = self.camera.undistort(flat[~on])
+        return out.reshape(pixels.shape)
+
+
+def _exact_undistort(camera: Camera, pixels: np.ndarray) -> np.ndarray:
+    """OpenCV's iterative inverse, the grid's reference: 25 fixed-point iterations (``undistort``
+    runs ten, 3e-5 px from this at k1 = -0.3)."""
+    flat = np.ascontiguousarray(pixels, dtype=np.float64).reshape(-1, 1, 2)
+    criteria = (cv2.TERM_CRITERIA_COUNT, 25, 0)
+    return cv2.undistortPoints(flat, camera.matrix, camera.dist, None, None, None, criteria).reshape(pixels.shape)
+
+
 class CameraSet:
     """Several cameras projecting the same points at once: one GEMM for all their rotations and the
-    distortion over (N, C) arrays (pinhole cameras with up to 8 coefficients; the others one by one)."""
+    distortion over (C, N) arrays, one contiguous row per camera, each camera's coefficients broadcast
+    down its row (pinhole cameras with up to 8 coefficients; the others one by one). An (N, C) layout
+    broadcasts a (C,) row into every element and costs numpy three to four times as much."""
 
     def __init__(self, cameras: Sequence[Camera]) -> None:
         self.cameras = list(cameras)
         c = len(self.cameras)
-        self.rotations = np.concatenate([cam.rotation.T for cam in self.cameras], axis=1) if c else np.zeros((3, 0))
-        self.translations = np.concatenate([cam.tvec for cam in self.cameras]) if c else np.zeros(0)  # (3C,)
+        self.rotations = np.concatenate([cam.rotation for cam in self.cameras]) if c else np.zeros((0, 3))  # (3C, 3)
+        self.translations = (np.concatenate([cam.tvec for cam in self.cameras]) if c else np.zeros(0))[:, None]
         self.batched = [i for i, cam in enumerate(self.cameras) if not cam.fisheye and cam.dist.size <= 8]
         dist = np.zeros((c, 8))
         for i in self.batched:
             dist[i, :self.cameras[i].dist.size] = self.cameras[i].dist
-        self.dist = dist.T  # (8, C)
+        self.dist = dist.T[:, :, None]  # (8, C, 1)
         self.k = np.array([[cam.matrix[0, 0], cam.matrix[0, 1], cam.matrix[0, 2], cam.matrix[1, 1], cam.matrix[1, 2]]
-                           for cam in self.cameras]).reshape(c, 5).T  # (5, C)
+                           for cam in self.cameras]).reshape(c, 5).T[:, :, None]  # (5, C, 1)
         self._cache: dict[str, Any] = {}
 
     def cached(self, key: str, make: Callable[[], Any]) -> Any:
@@ -168,19 +239,22 @@ class CameraSet:
     def project(self, points: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """World points (N, 3) -> pixels (N, C, 2) in every camera and in_front (N, C)."""
         n, c = len(points), len(self.cameras)
-        cam = (points @ self.rotations + self.translations).reshape(n, c, 3)  # (N, C, 3)
-        z = cam[..., 2]
+        cam = (self.rotations @ points.T + self.translations).reshape(c, 3, n)  # (C, 3, N)
+        z = cam[:, 2]
         front = z > 1e-9
-        safe = np.where(front, z, 1.0)
-        x, y = cam[..., 0] / safe, cam[..., 1] / safe  # (N, C)
+        inverse = 1.0 / np.where(front, z, 1.0)
+        x, y = cam[:, 0] * inverse, cam[:, 1] * inverse  # (C, N)
         k1, k2, p1, p2, k3, k4, k5, k6 = self.dist
         r2 = x * x + y * y
         radial = (1 + r2 * (k1 + r2 * (k2 + r2 * k3))) / (1 + r2 * (k4 + r2 * (k5 + r2 * k6)))
-        xy = x * y
-        xd = x * radial + 2 * p1 * xy + p2 * (r2 + 2 * x * x)
-        yd = y * radial + p1 * (r2 + 2 * y * y) + 2 * p2 * xy
+        xy2 = 2 * x * y
+        xd = x * radial + p1 * xy2 + p2 * (r2 + 2 * x * x)
+        yd = y * radial + p1 * (r2 + 2 * y * y) + p2 * xy2
         fx, s, cx, fy, cy = self.k
-        out = np.stack([fx * xd + s * yd + cx, fy * yd + cy], axis=-1)  # (N, C, 2)
+        out = np.empty((n, c, 2))
+        out[..., 0] = (fx * xd + s * yd + cx).T
+        out[..., 1] = (fy * yd + cy).T
+        front = np.ascontiguousarray(front.T)  # (N, C)
         for i, camera in enumerate(self.cameras):
             if i not in self.batched:
                 out[:, i], front[:, i] = camera.project(points)

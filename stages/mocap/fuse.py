@@ -5,8 +5,8 @@ detections and keypoints) and:
 
 1. keeps the views taken within ``window_s`` of the step's median clock (a camera that lags is
    left out of this step, not mixed in);
-2. undistorts every keypoint (one OpenCV call per camera) and associates the persons across
-   views (stages.mocap.associate);
+2. undistorts every keypoint (a lookup table per camera, camera.UndistortGrid) and associates the
+   persons across views (stages.mocap.associate);
 3. triangulates each world person (stages.mocap.triangulate); a view that the per-point
    rejection threw out for most of a person's points is not that person at all (a wrong
    detection that happened to pass the epipolar test): it leaves the person, who is solved again;
@@ -31,7 +31,7 @@ from stages.smoothing import KeypointSmoother
 from stages.types import Detections, Keypoints
 
 from .associate import Association, View, assign, associate
-from .camera import CameraSet, Rig
+from .camera import CameraSet, Rig, UndistortGrid
 from .triangulate import Triangulation, triangulate
 
 _BODY = slice(0, 15)  # Sapiens2's body joints: a person's position for identity is their mean
@@ -123,6 +123,7 @@ class WorldFuser:
         self._index = 0
         self._smoother = KeypointSmoother(*spec.smooth, max_age_s=spec.forget_s) if spec.smooth else None
         self._sets: dict[tuple[str, ...], CameraSet] = {}  # the cameras of a step, by names (a few combinations)
+        self._undistort = {name: UndistortGrid(rig[name]) for name in rig.names}  # built once: tens of ms each
 
     def step(self, views: Mapping[str, CameraView], random_weights: bool = False) -> WorldFrame:
         """Fuse one step. ``views``: camera name -> its view (cameras the rig lacks are refused)."""
@@ -136,7 +137,7 @@ class WorldFuser:
         late = sorted(set(views) - set(inside))
         names = [name for name in self.names if name in inside]  # rig order
         cams = [self.rig[name] for name in names]
-        normalised = [cam.undistort(inside[name].keypoints.xy) for name, cam in zip(names, cams)]
+        normalised = [self._undistort[name](inside[name].keypoints.xy) for name in names]
         groups = associate([View(cam, nrm, inside[name].keypoints.scores) for name, cam, nrm
                             in zip(names, cams, normalised)], self.spec.association)
         multi = [g for g in groups if len(g) >= 2]
@@ -182,13 +183,14 @@ class WorldFuser:
             wanted = scores >= spec.min_score  # (P, C, K)
             tested = wanted & points.valid[:, None, :]  # points the other views solved
             rejected = tested & ~points.used  # ... without this view
+            n_tested, n_rejected = tested.sum(axis=2), rejected.sum(axis=2)  # (P, C)
+            outvoted = (n_tested >= 10) & (n_rejected > self.spec.outlier_fraction * n_tested)
             changed = False
             for p, group in enumerate(groups):
                 if len(group) < 3:
                     continue  # two views cannot outvote each other
                 for v in list(group):
-                    n_tested = int(tested[p, v].sum())
-                    if n_tested >= 10 and rejected[p, v].sum() > self.spec.outlier_fraction * n_tested:
+                    if outvoted[p, v]:
                         left.append({v: group.pop(v)})
                         changed = True
             if not changed:
