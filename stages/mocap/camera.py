@@ -203,8 +203,9 @@ class UndistortGrid:
 
 
 def _exact_undistort(camera: Camera, pixels: np.ndarray) -> np.ndarray:
-    """OpenCV's iterative inverse, the grid's reference: 25 fixed-point iterations (``undistort``
-    runs ten, 3e-5 px from this at k1 = -0.3)."""
+    """OpenCV's iterative inverse, the grid's reference: 25 fixed-point iterations where
+    ``undistort`` runs ten (on this project's test lens, k1 = -0.12, ten are already 4e-10 px from
+    200; at k1 = -0.3 they are 0.05 px off in the frame's corners, where the table is refused)."""
     flat = np.ascontiguousarray(pixels, dtype=np.float64).reshape(-1, 1, 2)
     criteria = (cv2.TERM_CRITERIA_COUNT, 25, 0)
     return cv2.undistortPoints(flat, camera.matrix, camera.dist, None, None, None, criteria).reshape(pixels.shape)
