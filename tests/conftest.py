@@ -16,7 +16,10 @@ from tests.cliutil import CLI, RUN_TIMEOUT_S
 
 # Ultralytics writes a settings file when it is first imported (here: by the test modules that import
 # the detector): in a folder of this run, not in the user's ~/.config (offline_env does so for the runs).
-os.environ.setdefault("YOLO_CONFIG_DIR", tempfile.mkdtemp(prefix="sapiens2-tests-yolo-"))
+# The xdist workers inherit the main process's; the folder goes when the process that made it exits.
+if "YOLO_CONFIG_DIR" not in os.environ:
+    _YOLO_CONFIG = tempfile.TemporaryDirectory(prefix="sapiens2-tests-yolo-")
+    os.environ["YOLO_CONFIG_DIR"] = _YOLO_CONFIG.name
 
 
 # -- the harness ------------------------------------------------------------------------------
