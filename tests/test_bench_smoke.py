@@ -29,15 +29,15 @@ from tests.cliutil import make_video
 REPO = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", YOLO_OFFLINE="1", PYTHONUNBUFFERED="1",
            RAY_worker_niceness="0", RAY_USAGE_STATS_ENABLED="0")  # (conftest.py's cli_env says why)
+CUDA_ONLY = {"syncs"}  # phases whose measurement needs CUDA: on the CPU they run their code path and say so
+VERSIONED = ("torch", "torchvision", "transformers", "av", "zmq", "ultralytics", "lap", "cv2", "numpy", "msgpack",
+             "safetensors")
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
     """ENV with a checkpoint cache of the test's own: a run that falls back to tiny checkpoints makes them
     there, never in the user's ~/.cache/sapiens2-stream."""
     return dict(ENV, SAPIENS2_STREAM_CACHE=str(tmp_path / "cache"))
-CUDA_ONLY = {"syncs"}  # phases whose measurement needs CUDA: on the CPU they run their code path and say so
-VERSIONED = ("torch", "torchvision", "transformers", "av", "zmq", "ultralytics", "lap", "cv2", "numpy", "msgpack",
-             "safetensors")
 
 
 def _bench(tmp_path: Path, *args: str, timeout: float) -> subprocess.CompletedProcess:

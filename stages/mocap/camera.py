@@ -157,8 +157,8 @@ class UndistortGrid:
         if camera.fisheye:
             return
         focal = max(camera.matrix[0, 0], camera.matrix[1, 1])
+        w, h = camera.size
         for step in steps:
-            w, h = camera.size
             xs = np.arange(-2 * step, w + 3 * step, step, dtype=np.float64)
             ys = np.arange(-2 * step, h + 3 * step, step, dtype=np.float64)
             self.step, self.origin, self.nx, self.ny = step, (xs[0], ys[0]), len(xs), len(ys)
@@ -174,12 +174,14 @@ class UndistortGrid:
                 return
         del self.cells
 
-    def _lookup(self, flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(N, 2) pixels -> (N, 2) normalised and (N,) whether each was on the grid."""
+    def _lookup(self, flat: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """(N, 2) pixels -> (N, 2) normalised and (N,) which were off the grid (their rows are
+        meaningless), None when none was."""
         gx = (flat[:, 0] - self.origin[0]) * (1.0 / self.step)
         gy = (flat[:, 1] - self.origin[1]) * (1.0 / self.step)
         on = (gx >= 0) & (gy >= 0) & (gx < self.nx - 1) & (gy < self.ny - 1)  # False for NaN
-        if not on.all():
+        off = None if on.all() else ~on
+        if off is not None:
             gx, gy = np.where(on, gx, 0.0), np.where(on, gy, 0.0)
         ix, iy = gx.astype(np.intp), gy.astype(np.intp)
         fx, fy = gx - ix, gy - iy
@@ -188,7 +190,7 @@ class UndistortGrid:
         out = np.empty(flat.shape)
         out[:, 0] = q[:, 0] + fx * q[:, 2] + fy * q[:, 4] + fxy * q[:, 6]
         out[:, 1] = q[:, 1] + fx * q[:, 3] + fy * q[:, 5] + fxy * q[:, 7]
-        return out, on
+        return out, off
 
     def __call__(self, pixels: np.ndarray) -> np.ndarray:
         """Pixels (..., 2) -> normalised image coordinates (..., 2), as ``Camera.undistort``."""
@@ -196,9 +198,9 @@ class UndistortGrid:
             return self.camera.undistort(pixels)
         pixels = np.asarray(pixels, dtype=np.float64)
         flat = pixels.reshape(-1, 2)
-        out, on = self._lookup(flat)
-        if not on.all():
-            out[~on] = self.camera.undistort(flat[~on])
+        out, off = self._lookup(flat)
+        if off is not None:
+            out[off] = self.camera.undistort(flat[off])
         return out.reshape(pixels.shape)
 
 
