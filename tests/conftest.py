@@ -1,17 +1,20 @@
 """Shared fixtures: an offline CLI environment with tiny RANDOM-weight checkpoints made once per run;
-under CI=true a skipped test fails (CI runs every test); loggers made by a thread while a test phase starts."""
+under CI=true a skipped test fails (CI runs every test) and so does a run that wrote into the user's home;
+loggers made by a thread while a test phase starts."""
 
 from __future__ import annotations
 
 import fcntl
 import logging
 import os
+import secrets
 import subprocess
 import tempfile
 from pathlib import Path
 
 import pytest
 
+from tests import homeguard
 from tests.cliutil import CLI, RUN_TIMEOUT_S
 
 # Ultralytics writes a settings file when it is first imported (here: by the test modules that import
@@ -20,6 +23,11 @@ from tests.cliutil import CLI, RUN_TIMEOUT_S
 if "YOLO_CONFIG_DIR" not in os.environ:
     _YOLO_CONFIG = tempfile.TemporaryDirectory(prefix="sapiens2-tests-yolo-")
     os.environ["YOLO_CONFIG_DIR"] = _YOLO_CONFIG.name
+# Ray 2.60 turns on token authentication for a local cluster and, with no token given, writes one to
+# ~/.ray/auth_token: the run's clusters get a token of its own from the environment instead (their
+# processes inherit it), and authentication stays on.
+if not {"RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"} & set(os.environ):
+    os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
 
 
 # -- the harness ------------------------------------------------------------------------------
@@ -85,6 +93,7 @@ class NoSkipsInCI:
 def pytest_configure(config: pytest.Config) -> None:
     if in_ci() and not config.pluginmanager.has_plugin("sapiens2-no-skips-in-ci"):
         config.pluginmanager.register(NoSkipsInCI(), "sapiens2-no-skips-in-ci")
+    homeguard.pytest_configure(config)  # under CI=true, the run fails when it wrote into the user's home
 
 
 # How ``make test-python`` (``-n 2 --dist loadgroup``) shares the suite between its two workers: a

@@ -3,10 +3,12 @@ process, HTTP waits, and Debian's Chromium driven by Selenium through chromedriv
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 import urllib.error
@@ -71,7 +73,9 @@ def wait_http(url: str, procs: list[subprocess.Popen], deadline_s: float = 180) 
             time.sleep(0.2)
 
 
-def new_browser():
+def new_browser(home: str):
+    """A headless Chromium (on a fresh profile of chromedriver's) whose crash reports and caches go under
+    HOME, a folder of the test run's, not the user's ~/.config/chromium and ~/.cache."""
     from selenium import webdriver
     from selenium.webdriver.chrome.options import Options
     from selenium.webdriver.chrome.service import Service
@@ -82,7 +86,8 @@ def new_browser():
                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
                  "--window-size=1500,1000"):
         options.add_argument(flag)
-    return webdriver.Chrome(service=Service(DRIVER), options=options)
+    env = dict(os.environ, HOME=home, XDG_CONFIG_HOME=f"{home}/config", XDG_CACHE_HOME=f"{home}/cache")
+    return webdriver.Chrome(service=Service(DRIVER, env=env), options=options)
 
 
 class Chromium:
@@ -92,6 +97,7 @@ class Chromium:
 
     def __init__(self) -> None:
         self.driver = None
+        self.home = tempfile.TemporaryDirectory(prefix="sapiens2-tests-chromium-")
 
     def get(self):
         from selenium.common.exceptions import WebDriverException
@@ -104,7 +110,7 @@ class Chromium:
             except WebDriverException:
                 self.close()
         if self.driver is None:
-            self.driver = new_browser()
+            self.driver = new_browser(self.home.name)
         return self.driver
 
     def close(self) -> None:

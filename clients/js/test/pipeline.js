@@ -53,7 +53,7 @@ export function startPipeline({ port, cacheDir, extraArgs = [] }) {
     "--source-id", "cam7", ...extraArgs];
   const child = spawn(cli, args, {
     env: { ...process.env, HF_HUB_OFFLINE: "1", YOLO_OFFLINE: "1", OMP_NUM_THREADS: "1",
-      SAPIENS2_STREAM_CACHE: cacheDir, HF_HOME: `${cacheDir}/hf` },
+      SAPIENS2_STREAM_CACHE: cacheDir, HF_HOME: `${cacheDir}/hf`, YOLO_CONFIG_DIR: `${cacheDir}/yolo-config` },
     stdio: ["ignore", "pipe", "pipe"],
     detached: true,
   });
