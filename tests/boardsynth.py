@@ -159,3 +159,52 @@ def board_poses(board: Board, n: int, seed: int = 0) -> list[BoardPose]:
         position = np.array([rng.uniform(-0.2, 0.2), rng.uniform(-0.3, 0.2), rng.uniform(0.85, 1.15)])
         poses.append(BoardPose(rotation, position - rotation @ centre))
     return poses
+
+
+def fisheye_cameras(size: tuple[int, int] = (640, 480)) -> list[Camera]:
+    """Two fisheye cameras (equidistant, 170 and 160 degrees across, k1..k4 of their own) half a metre
+    from (0, 0, 1) m, 44 degrees apart, looking at it."""
+    w, h = size
+    cameras = []
+    for i, (azimuth, distance, fov, dist) in enumerate([(-22, 0.5, 170, (0.06, -0.03, 0.01, -0.002)),
+                                                         (22, 0.52, 160, (0.03, 0.01, -0.01, 0.002))]):
+        a = np.radians(azimuth)
+        rvec, tvec = look_at((distance * np.sin(a), -distance * np.cos(a), 1.1), (0.0, 0.0, 1.0))
+        f = w / 2 / np.radians(fov / 2)  # equidistant: r = f * theta
+        k = np.array([[f, 0.0, (w - 1) / 2 + 3 * i], [0.0, f * 1.001, (h - 1) / 2 - 2 * i], [0.0, 0.0, 1.0]])
+        cameras.append(Camera(f"fish{i}", (w, h), k, np.array(dist), rvec, tvec, fisheye=True))
+    return cameras
+
+
+def _facing(normal: np.ndarray, rng: np.random.Generator, tilt_deg: float) -> np.ndarray:
+    """A board rotation (board -> world) whose z (into the board) is ``normal``, tilted up to
+    ``tilt_deg`` about its x and y and turned up to 40 degrees about its normal."""
+    z = normal / np.linalg.norm(normal)
+    x = np.cross(z, [0.0, 0.0, 1.0])
+    x /= np.linalg.norm(x)
+    base = np.stack([x, np.cross(z, x), z], axis=1)
+    return (base @ _rotation((1, 0, 0), rng.uniform(-tilt_deg, tilt_deg))
+            @ _rotation((0, 1, 0), rng.uniform(-tilt_deg, tilt_deg)) @ _rotation((0, 0, 1), rng.uniform(-40, 40)))
+
+
+def fisheye_board_poses(board: Board, cameras: list[Camera], shared: int, per_camera: int,
+                        seed: int = 0) -> list[BoardPose]:
+    """``shared`` poses near (0, 0, 1) m facing the cameras (both see them: they place the cameras), then
+    ``per_camera`` poses for each camera 35-78 degrees off its axis, 0.30-0.45 m away, facing it: the
+    edges and corners of a wide image, where a fisheye lens departs most from a pinhole."""
+    rng = np.random.default_rng(seed)
+    centre = np.array([board.squares_x, board.squares_y, 0.0]) * board.square_m / 2
+    poses = []
+    for _ in range(shared):
+        rotation = _facing(np.array([0.0, 1.0, 0.0]), rng, 30)
+        position = np.array([rng.uniform(-0.06, 0.06), rng.uniform(-0.05, 0.08), rng.uniform(0.95, 1.05)])
+        poses.append(BoardPose(rotation, position - rotation @ centre))
+    for camera in cameras:
+        eye = camera.centre
+        for _ in range(per_camera):
+            theta, phi = np.radians(rng.uniform(35, 78)), rng.uniform(0, 2 * np.pi)
+            ray = np.array([np.sin(theta) * np.cos(phi), 0.7 * np.sin(theta) * np.sin(phi), np.cos(theta)])
+            ray = camera.rotation.T @ (ray / np.linalg.norm(ray))  # camera -> world
+            rotation = _facing(ray, rng, 25)
+            poses.append(BoardPose(rotation, eye + ray * rng.uniform(0.30, 0.45) - rotation @ centre))
+    return poses

@@ -6,8 +6,9 @@
 The sources (video files, image folders or globs, cameras) are read in lockstep: frame i of every
 source is one simultaneous view. Each view used (every ``--every``-th, at most ``--max-views``)
 is searched for the board; the cameras' intrinsics and poses are fitted (stages.mocap.charuco)
-and written as one TOML file in Pose2Sim's and aniposelib's layout. Live cameras are read until
-``--max-views`` or Ctrl-C. Every failure is one ``error: ...`` line and a non-zero exit.
+and written as one TOML file in Pose2Sim's and aniposelib's layout; ``--fisheye`` fits OpenCV's
+fisheye model instead of the pinhole one. Live cameras are read until ``--max-views`` or Ctrl-C.
+Every failure is one ``error: ...`` line and a non-zero exit.
 ``python -m pipeline.mocap.calibrate_cmd calibrate ...`` runs it standalone.
 """
 
@@ -35,6 +36,7 @@ if TYPE_CHECKING:  # the handler imports them: building the command line loads n
     from ..sources import Source
 
 log = logging.getLogger(__name__)
+ALL = "\0all"  # --fisheye alone: every camera
 FRAME_TIMEOUT_S = 60.0  # a source that gives no frame for this long has failed (a file decodes far faster)
 
 
@@ -61,14 +63,17 @@ def add_calibrate_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--refine-intrinsics", action="store_true",
                    help="refine the intrinsics in the joint refinement too (default: fixed)")
     p.add_argument("--fit-k3", action="store_true", help="fit the k3 distortion term too (wide-angle lenses)")
+    p.add_argument("--fisheye", nargs="?", const=ALL, metavar="NAME[,NAME...]",
+                   help="fit OpenCV's fisheye model (k1..k4) for every camera, or for the cameras named (lenses "
+                        "of 120 degrees and more; show them the board near the image's edges and corners too)")
     p.add_argument("--intrinsics", metavar="FILE.toml",
                    help="take each camera's intrinsics from this rig file (ours, Pose2Sim's or aniposelib's) "
                         "and find only the extrinsics")
     p.set_defaults(func=cmd_calibrate)
 
 
-def _checked(args: argparse.Namespace) -> tuple[Board, list[SourceSpec], Path]:
-    """Board, named sources and output path from the flags, before anything is opened."""
+def _checked(args: argparse.Namespace) -> tuple[Board, list[SourceSpec], Path, list[str]]:
+    """Board, named sources, output path and fisheye cameras from the flags, before anything is opened."""
     from stages.mocap.camera import CalibrationError
     from stages.mocap.charuco import DICTIONARIES, Board, parse_squares
 
@@ -83,12 +88,29 @@ def _checked(args: argparse.Namespace) -> tuple[Board, list[SourceSpec], Path]:
         problem = missing_file(spec.uri)
         if problem:
             raise ConfigError(f"{spec.where}: {problem}")
+    fisheye = _fisheye_cameras(args, [spec.id for spec in specs])
     out = Path(args.out)
     if out.exists() and not args.overwrite:
         raise CalibrationError(f"--out {out} exists; pass --overwrite to replace it, or write elsewhere")
     if not out.parent.is_dir():
         raise ConfigError(f"--out {out}: the folder {out.parent} does not exist")
-    return board, specs, out
+    return board, specs, out, fisheye
+
+
+def _fisheye_cameras(args: argparse.Namespace, names: list[str]) -> list[str]:
+    if args.fisheye is None:
+        return []
+    if args.intrinsics:
+        raise ConfigError("--fisheye with --intrinsics: the intrinsics file gives each camera's lens model; "
+                          "drop --fisheye, or fit the intrinsics here")
+    if args.fisheye == ALL:
+        return names
+    chosen = [name.strip() for name in args.fisheye.split(",") if name.strip()]
+    unknown = [name for name in chosen if name not in names]
+    if unknown or not chosen:
+        raise ConfigError(f"--fisheye: {unknown[0] if unknown else args.fisheye!r} is not a camera of this rig; "
+                          f"name some of {', '.join(names)} (comma-separated), or give --fisheye alone for all")
+    return chosen
 
 
 def _next_frame(source: Source, name: str) -> Frame:
@@ -155,7 +177,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
     sources: dict[str, Source] = {}
     try:
-        board, specs, out = _checked(args)
+        board, specs, out, fisheye = _checked(args)
         intrinsics = None
         if args.intrinsics:
             given = read_rig(args.intrinsics)
@@ -168,7 +190,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             source.stop()
         result = calibrate_rig(board, detections, sizes, intrinsics=intrinsics,
                                refine_intrinsics=args.refine_intrinsics, min_views=args.min_views,
-                               fit_k3=args.fit_k3)
+                               fit_k3=args.fit_k3, fisheye=fisheye)
         reference = specs[0].id
         world = f"the board's first corner, z out of the board, in frame {frames[result.world_view]} of {reference}"
         rig = dataclasses.replace(result.rig, metadata={**result.rig.metadata, "world": world})
@@ -181,7 +203,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             source.stop()
     for name in rig.names:
         fitted = result.intrinsic_error_px[name]
-        intr = (f"intrinsics {fitted:.3f} px over {result.intrinsic_views[name]} views" if fitted is not None
+        model = "fisheye " if rig[name].fisheye else ""
+        intr = (f"{model}intrinsics {fitted:.3f} px over {result.intrinsic_views[name]} views" if fitted is not None
                 else f"intrinsics from {args.intrinsics}")
         print(f"{name}: reprojection error {result.error_px[name]:.3f} px RMS over {result.views[name]} views ({intr})")
     print(f"world: {world}")

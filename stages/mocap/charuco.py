@@ -1,12 +1,13 @@
 """ChArUco calibration of a rig of cameras: board, detection, intrinsics, extrinsics.
 
 ``detect`` finds the board's inner corners in one image (OpenCV's CharucoDetector, sub-pixel).
-``calibrate_intrinsics`` fits one camera's matrix and distortion (cv2.calibrateCamera) to the
-views where it saw the board. ``calibrate_rig`` places every camera: views with the same index
-across cameras are simultaneous; the board's pose in each such view (solvePnP) gives the relative
-pose of each pair of cameras that share views, chained from the reference camera (the first) over
-the cameras' sharing graph; then one joint refinement (``calib_refine``) over all camera poses and
-all shared views' board poses minimises the reprojection of every detected corner.
+``calibrate_intrinsics`` fits one camera's matrix and distortion (cv2.calibrateCamera, or
+cv2.fisheye.calibrate for a fisheye lens) to the views where it saw the board. ``calibrate_rig``
+places every camera: views with the same index across cameras are simultaneous; the board's pose
+in each such view (solvePnP) gives the relative pose of each pair of cameras that share views,
+chained from the reference camera (the first) over the cameras' sharing graph; then one joint
+refinement (``calib_refine``) over all camera poses and all shared views' board poses minimises
+the reprojection of every detected corner.
 
 The world frame is the board in the first view the reference camera saw it: origin at the board's
 first inner corner (id 0), x along the board's rows, z out of the printed face toward the cameras
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -149,11 +150,15 @@ class IntrinsicFit:
 
 def calibrate_intrinsics(board: Board, detections: Sequence[Detection | None], size: tuple[int, int], *,
                          name: str, min_views: int = DEFAULT_MIN_VIEWS, min_corners: int = MIN_CORNERS,
-                         max_views: int = MAX_INTRINSIC_VIEWS, fit_k3: bool = False) -> IntrinsicFit:
+                         max_views: int = MAX_INTRINSIC_VIEWS, fit_k3: bool = False,
+                         fisheye: bool = False) -> IntrinsicFit:
     """Fit the matrix and distortion of camera ``name`` (image ``size`` = (w, h)) to its views with at
     least ``min_corners`` corners; CalibrationError when fewer than ``min_views``. Distortion is
     (k1, k2, p1, p2) as Pose2Sim writes it; ``fit_k3`` adds k3 (wide-angle lenses): with a dozen
-    views of an ordinary lens k3 trades off against k2 and the focal length instead of helping."""
+    views of an ordinary lens k3 trades off against k2 and the focal length instead of helping.
+    ``fisheye``: OpenCV's fisheye model (equidistant, k1..k4), for lenses of 120 degrees and more,
+    where the pinhole's polynomial cannot follow the edges of the image; show such a lens the board
+    near the edges and corners of its image too."""
     usable = [d for d in detections if _usable(board, d, min_corners)]
     if len(usable) < min_views:
         raise CalibrationError(
@@ -166,15 +171,24 @@ def calibrate_intrinsics(board: Board, detections: Sequence[Detection | None], s
     pixels = [d.corners.astype(np.float32) for d in usable]
     criteria = (cv2.TERM_CRITERIA_COUNT | cv2.TERM_CRITERIA_EPS, 100, 1e-10)
     try:
-        rms, matrix, dist, _, _ = cv2.calibrateCamera(objects, pixels, tuple(size), None, None,
-                                                      flags=0 if fit_k3 else cv2.CALIB_FIX_K3, criteria=criteria)
+        if fisheye:  # (its own layout: (1, N, 3) and (1, N, 2) float64 per view)
+            rms, matrix, dist, _, _ = cv2.fisheye.calibrate(
+                [o.reshape(1, -1, 3).astype(np.float64) for o in objects],
+                [p.reshape(1, -1, 2).astype(np.float64) for p in pixels], tuple(size), None, None,
+                flags=cv2.CALIB_RECOMPUTE_EXTRINSIC | cv2.CALIB_FIX_SKEW, criteria=criteria)
+        else:
+            rms, matrix, dist, _, _ = cv2.calibrateCamera(objects, pixels, tuple(size), None, None,
+                                                          flags=0 if fit_k3 else cv2.CALIB_FIX_K3, criteria=criteria)
     except cv2.error as exc:
-        raise CalibrationError(f"camera {name!r}: OpenCV could not fit its intrinsics ({exc.err}); use views "
-                               "where more of the board is visible") from None
-    dist = dist.reshape(-1)[: 5 if fit_k3 else 4]
-    camera = Camera(name, (int(size[0]), int(size[1])), matrix, dist, np.zeros(3), np.zeros(3))
-    log.info("%s: intrinsics from %d views, RMS %.3f px, f=(%.1f, %.1f) c=(%.1f, %.1f)", name, len(usable), rms,
-             matrix[0, 0], matrix[1, 1], matrix[0, 2], matrix[1, 2])
+        raise CalibrationError(f"camera {name!r}: OpenCV could not fit its {'fisheye ' if fisheye else ''}intrinsics "
+                               f"({exc.err}); use views where more of the board is visible") from None
+    if not np.isfinite(rms) or not np.isfinite(matrix).all() or not np.isfinite(dist).all():
+        raise CalibrationError(f"camera {name!r}: its intrinsics fit diverged; use views where more of the board "
+                               "is visible, spread over the whole image")
+    dist = dist.reshape(-1)[: 5 if fit_k3 and not fisheye else 4]
+    camera = Camera(name, (int(size[0]), int(size[1])), matrix, dist, np.zeros(3), np.zeros(3), fisheye)
+    log.info("%s: %sintrinsics from %d views, RMS %.3f px, f=(%.1f, %.1f) c=(%.1f, %.1f)", name,
+             "fisheye " if fisheye else "", len(usable), rms, matrix[0, 0], matrix[1, 1], matrix[0, 2], matrix[1, 2])
     return IntrinsicFit(camera, float(rms), len(usable))
 
 
@@ -241,7 +255,7 @@ def _chain(names: list[str], poses: dict[tuple[int, int], tuple[np.ndarray, np.n
 
 def _intrinsics(board: Board, detections: Mapping[str, Sequence[Detection | None]],
                 sizes: Mapping[str, tuple[int, int]], given: Mapping[str, Camera], min_views: int, min_corners: int,
-                fit_k3: bool) -> tuple[list[Camera], dict[str, IntrinsicFit | None]]:
+                fit_k3: bool, fisheye: Collection[str]) -> tuple[list[Camera], dict[str, IntrinsicFit | None]]:
     """Each camera's intrinsics: given, or fitted; one CalibrationError naming every camera that
     saw the board too rarely."""
     for name, camera in given.items():
@@ -256,7 +270,7 @@ def _intrinsics(board: Board, detections: Mapping[str, Sequence[Detection | None
             continue
         try:
             fits[name] = calibrate_intrinsics(board, detections[name], sizes[name], name=name, min_views=min_views,
-                                              min_corners=min_corners, fit_k3=fit_k3)
+                                              min_corners=min_corners, fit_k3=fit_k3, fisheye=name in fisheye)
         except CalibrationError as exc:
             short.append((name, exc))
     if len(short) == 1:
@@ -305,19 +319,28 @@ def _observations(board: Board, detections: list[Sequence[Detection | None]], vi
 def calibrate_rig(board: Board, detections: Mapping[str, Sequence[Detection | None]],
                   sizes: Mapping[str, tuple[int, int]], *, intrinsics: Mapping[str, Camera] | None = None,
                   refine_intrinsics: bool = False, min_views: int = DEFAULT_MIN_VIEWS,
-                  min_corners: int = MIN_CORNERS, fit_k3: bool = False, loss: str = "soft_l1",
-                  f_scale_px: float = 1.0) -> RigCalibration:
+                  min_corners: int = MIN_CORNERS, fit_k3: bool = False, fisheye: Collection[str] = (),
+                  loss: str = "soft_l1", f_scale_px: float = 1.0) -> RigCalibration:
     """Calibrate the cameras named by ``detections`` (camera -> its detections by view index; the same
     index across cameras is the same moment; the first camera is the reference) with images of
-    ``sizes``; ``intrinsics`` (camera -> Camera) replaces the intrinsic fit of the cameras it names.
-    CalibrationError names a camera with too few views or one that never shares a view."""
+    ``sizes``; ``intrinsics`` (camera -> Camera) replaces the intrinsic fit of the cameras it names;
+    the cameras named in ``fisheye`` are fitted with the fisheye model. CalibrationError names a
+    camera with too few views or one that never shares a view."""
     names = list(detections)
+    unknown = sorted(set(fisheye) - set(names))
+    if unknown:
+        raise CalibrationError(f"fisheye: no camera {unknown[0]!r} in this rig ({', '.join(names)})")
+    fixed = sorted(set(fisheye) & set(intrinsics or {}))
+    if fixed:
+        raise CalibrationError(f"camera {fixed[0]!r}: its intrinsics come from a file, lens model included; "
+                               "fit them here to choose the fisheye model")
     if len(names) < 2:
         raise CalibrationError(f"calibration needs at least two cameras, got {len(names)}")
     if not any(_usable(board, d, min_corners) for name in names for d in detections[name]):
         raise CalibrationError(f"the board ({board.describe()}) was found in no view of {', '.join(names)}; "
                                "check the board's squares, dictionary and legacy pattern, and the lighting")
-    cams, fits = _intrinsics(board, detections, sizes, dict(intrinsics or {}), min_views, min_corners, fit_k3)
+    cams, fits = _intrinsics(board, detections, sizes, dict(intrinsics or {}), min_views, min_corners, fit_k3,
+                             fisheye)
     per_camera = [detections[n] for n in names]
     poses = {(c, v): _pose(cams[c], board, det) for c in range(len(names)) for v, det in enumerate(per_camera[c])
              if _usable(board, det, min_corners)}  # the board in camera c's frame in view v
