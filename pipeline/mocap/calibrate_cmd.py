@@ -7,7 +7,8 @@ The sources (video files, image folders or globs, cameras) are read in lockstep:
 source is one simultaneous view. Each view used (every ``--every``-th, at most ``--max-views``)
 is searched for the board; the cameras' intrinsics and poses are fitted (stages.mocap.charuco)
 and written as one TOML file in Pose2Sim's and aniposelib's layout; ``--fisheye`` fits OpenCV's
-fisheye model instead of the pinhole one. Live cameras are read until ``--max-views`` or Ctrl-C.
+fisheye model instead of the pinhole one. Live cameras are read until ``--max-views`` or Ctrl-C,
+a view taken where the board stood still in each of them (``LiveViews``).
 Every failure is one ``error: ...`` line and a non-zero exit.
 ``python -m pipeline.mocap.calibrate_cmd calibrate ...`` runs it standalone.
 """
@@ -38,6 +39,14 @@ if TYPE_CHECKING:  # the handler imports them: building the command line loads n
 log = logging.getLogger(__name__)
 ALL = "\0all"  # --fisheye alone: every camera
 FRAME_TIMEOUT_S = 60.0  # a source that gives no frame for this long has failed (a file decodes far faster)
+# Live cameras run unsynchronised, each with its own latency (their newest frames can be a few frames
+# apart in time): a view is taken only when the board has stood still for STILL_S in every camera
+# that sees it (no corner moved more than STILL_PX from one frame to the next), so that all of them
+# show the same pose; and once per pose (some corner moved MOVED_PX since the last view taken, or a
+# camera came to see the board or lost it).
+STILL_PX = 2.0
+STILL_S = 0.5
+MOVED_PX = 25.0
 
 
 def add_calibrate_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -125,11 +134,49 @@ def _next_frame(source: Source, name: str) -> Frame:
     raise SourceError(f"source {name!r} gave no frame for {FRAME_TIMEOUT_S:g} s")
 
 
+def _shift_px(a: Detection | None, b: Detection) -> float:
+    """The largest move of a corner both detections saw (inf when they share none)."""
+    import numpy as np
+
+    if a is None or not len(a) or not len(b):
+        return float("inf")
+    _, ia, ib = np.intersect1d(a.ids, b.ids, return_indices=True)
+    return float(np.abs(a.corners[ia] - b.corners[ib]).max()) if len(ia) else float("inf")
+
+
+class LiveViews:
+    """Which frames of unsynchronised live cameras make views (the rule at STILL_PX, above)."""
+
+    def __init__(self) -> None:
+        self.previous: dict[str, Detection] = {}
+        self.still_since: dict[str, float] = {}  # camera -> since when its board stood still (monotonic s)
+        self.taken: dict[str, Detection] | None = None
+
+    def take(self, now: dict[str, Detection], at_s: float) -> bool:
+        """Whether the detections ``now`` (camera -> this frame's, read at ``at_s``) make a view."""
+        from stages.mocap.charuco import MIN_CORNERS
+
+        for name, det in now.items():
+            if _shift_px(self.previous.get(name), det) > STILL_PX:  # moved, appeared, or not seen at all
+                self.still_since[name] = at_s
+        self.previous = now
+        seen = {name for name, det in now.items() if len(det) >= MIN_CORNERS}
+        if not seen or any(at_s - self.still_since[name] < STILL_S for name in seen):
+            return False
+        taken = self.taken
+        if taken is not None and seen == {n for n, d in taken.items() if len(d) >= MIN_CORNERS} and \
+                all(_shift_px(taken[name], now[name]) <= MOVED_PX for name in seen):
+            return False  # the same pose as the last view
+        self.taken = now
+        return True
+
+
 def collect(board: Board, sources: dict[str, Source], every: int, max_views: int | None) -> \
         tuple[dict[str, list[Detection]], dict[str, tuple[int, int]], list[int]]:
     """Detections by camera and view, the image sizes, and each view's frame number: frame i of
-    every source is one view; stops when a source ends, at ``max_views``, or at Ctrl-C for live ones."""
-    from stages.mocap.charuco import detect
+    every source is one view (live sources: a frame where the board stands still at a new pose,
+    ``LiveViews``); stops when a source ends, at ``max_views``, or at Ctrl-C for live ones."""
+    from stages.mocap.charuco import MIN_CORNERS, detect
 
     from ..sources import SourceEnded, SourceError
 
@@ -138,8 +185,10 @@ def collect(board: Board, sources: dict[str, Source], every: int, max_views: int
     frames: list[int] = []
     live = any(s.live for s in sources.values())
     if live:
-        print("reading the cameras; Ctrl-C stops collecting and calibrates", file=sys.stderr, flush=True)
+        print("reading the cameras: hold the board still at each pose until a view is taken; Ctrl-C stops "
+              "collecting and calibrates", file=sys.stderr, flush=True)
     step = 0
+    chooser = LiveViews()
     try:
         while max_views is None or len(frames) < max_views:
             images = {}
@@ -151,15 +200,20 @@ def collect(board: Board, sources: dict[str, Source], every: int, max_views: int
                 log.info("%s ended after %d frames: %d views", ended[0], step, len(frames))
                 break
             if step % every == 0:
+                now = {}
                 for name, image in images.items():
                     if (image.shape[1], image.shape[0]) != sizes[name]:
                         raise SourceError(f"source {name!r} changed size at frame {step}: {image.shape[1]}x"
                                           f"{image.shape[0]}, was {sizes[name][0]}x{sizes[name][1]}")
-                    detections[name].append(detect(board, image))
-                frames.append(step)
-                if live and len(frames) % 10 == 0:
-                    seen = sum(bool(len(d)) for ds in detections.values() for d in ds[-10:])
-                    print(f"{len(frames)} views ({seen} board sightings in the last 10)", file=sys.stderr, flush=True)
+                    now[name] = detect(board, image)
+                if not live or chooser.take(now, time.monotonic()):
+                    for name, det in now.items():
+                        detections[name].append(det)
+                    frames.append(step)
+                    if live:
+                        seen = ", ".join(name for name, det in now.items() if len(det) >= MIN_CORNERS)
+                        print(f"view {len(frames)} (frame {step}): the board seen by {seen}", file=sys.stderr,
+                              flush=True)
             step += 1
     except KeyboardInterrupt:
         if not live:

@@ -1,0 +1,105 @@
+"""``calibrate`` on live cameras: two network streams (tests/livestream.py: H.264 in MPEG-TS over TCP,
+served at 30 fps) show rendered board poses one after another, each held a second, unsynchronised
+by up to a frame as real cameras are; the command takes one view per pose where the board stands
+still in both, and Ctrl-C (a real SIGINT) ends the collection and calibrates."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from pipeline.sources import open_source
+from stages.mocap.camera import read_rig
+from tests.boardsynth import Renderer, board_poses, rig_cameras
+from tests.cliutil import CLI, REPO
+from tests.livestream import LiveStream, cycling
+from tests.test_calibration import BOARD
+
+pytestmark = pytest.mark.timeout(300)
+HOLD_S = 1.0  # each pose held this long: two still frames in each camera fit in it even on a loaded machine
+POSES = 12
+
+
+def _rgb(grey: np.ndarray) -> np.ndarray:
+    return np.repeat(grey[..., None], 3, axis=2)
+
+
+def test_a_network_stream_is_read_live_and_its_pictures_arrive() -> None:
+    """The network reader on a real stream: live (newest frame wins), the pictures in the order served."""
+    shades = [np.full((240, 320, 3), v, np.uint8) for v in (30, 120, 220)]
+    stream = LiveStream(cycling(shades, 0.3), (320, 240))
+    source = open_source(stream.url, source_id="net0")
+    try:
+        assert source.live and (source.info.width, source.info.height) == (320, 240)
+        seen: list[int] = []
+        deadline = time.monotonic() + 60
+        while len(set(seen)) < 3 or len(seen) < 30:
+            assert time.monotonic() < deadline, seen
+            frame = source.read(timeout=1.0)
+            if frame is not None:
+                seen.append(int(round(frame.image.mean())))
+        assert set(seen) <= {30, 120, 220} | {29, 31, 119, 121, 219, 221}, set(seen)
+    finally:
+        source.stop()
+        stream.stop()
+    assert stream.error is None, stream.error
+
+
+def test_calibrate_on_live_cameras_takes_still_views_and_ctrl_c_calibrates(tmp_path) -> None:
+    cameras = rig_cameras()[:2]
+    poses = board_poses(BOARD, POSES, seed=0)
+    renderer = Renderer(BOARD)
+    rng = np.random.default_rng(1)
+    t0 = time.monotonic() + 1.0  # one clock for both: the same pose at the same moment, give or take a frame
+    streams = [LiveStream(cycling([_rgb(renderer.render(c, p, rng)) for p in poses], HOLD_S), c.size, t0=t0)
+               for c in cameras]
+    out = tmp_path / "calib.toml"
+    args = [arg for c, s in zip(cameras, streams) for arg in ("--source", f"{c.name}={s.url}")]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([*CLI, "calibrate", *args, "--board", "6x8", "--square", "0.08", "--marker", "0.06",
+                             "--out", str(out)], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stderr.readline, "")), daemon=True)
+    reader.start()
+    try:
+        # More views than poses: the cycle came round, every pose a camera can see was offered.
+        deadline = time.monotonic() + 180
+        while not any(line.startswith(f"view {POSES + 2} ") for line in lines):
+            assert proc.poll() is None, "".join(lines)
+            assert time.monotonic() < deadline, "".join(lines)
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        stdout, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for stream in streams:
+            stream.stop()
+    reader.join(10)
+    text = "".join(lines)
+    assert proc.returncode == 0, text
+    assert "stopped collecting after" in text and "Traceback" not in text, text
+    views = [line for line in lines if line.startswith("view ")]
+    frames = [int(line.split("(frame ")[1].split(")")[0]) for line in views]
+    assert all(b > a for a, b in zip(frames, frames[1:])), views
+    # One view per pose held: never two in a row of the same still board.
+    assert len(views) <= POSES + 4, views
+    rig = read_rig(out)
+    for true in cameras:
+        line = next(line for line in stdout.splitlines() if line.startswith(f"{true.name}: "))
+        assert float(line.split("reprojection error ")[1].split(" px")[0]) < 0.6, line  # no torn view in it
+        assert rig[true.name].matrix[0, 0] == pytest.approx(true.matrix[0, 0], rel=0.02)
+    a, b = (rig[c.name] for c in cameras)
+    ta, tb = cameras
+    relative, true_relative = b.rotation @ a.rotation.T, tb.rotation @ ta.rotation.T
+    angle = np.degrees(np.arccos(np.clip((np.trace(relative.T @ true_relative) - 1) / 2, -1, 1)))
+    assert angle < 1.0, angle
+    assert np.linalg.norm(a.centre - b.centre) == pytest.approx(np.linalg.norm(ta.centre - tb.centre), rel=0.02)
