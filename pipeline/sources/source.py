@@ -447,7 +447,10 @@ def open_source(
         opener = lambda: LoopingReader(path, label=label)  # noqa: E731
         default_id = id_from_name(Path(path).stem)
     elif spec.lower().startswith(NETWORK_SCHEMES):
-        opener = lambda: open_network(spec, open_timeout_s=open_timeout_s, read_timeout_s=stall_timeout_s)  # noqa: E731
+        # The watchdog owns the stall timeout (a hung camera is "stalled", then reopened); the socket's
+        # own read timeout is a backstop a little later, which frees the abandoned session's thread.
+        read_timeout_s = stall_timeout_s + max(1.0, stall_timeout_s / 2)
+        opener = lambda: open_network(spec, open_timeout_s=open_timeout_s, read_timeout_s=read_timeout_s)  # noqa: E731
         label, default_id, live, reconnect = f"stream {spec}", "stream", True, True
     elif Path(spec).is_dir() or any(ch in spec for ch in "*?[") or Path(spec).suffix.lower() in IMAGE_SUFFIXES:
         paths = image_paths(spec)
