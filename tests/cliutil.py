@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -141,6 +143,23 @@ def wait_for(condition: Callable[[], Any], what: str, deadline_s: float = 60.0, 
             return value
         assert time.monotonic() < end, f"timed out waiting for {what}"
         time.sleep(every_s)
+
+
+@contextlib.contextmanager
+def killed_on_exit(proc: subprocess.Popen) -> Iterator[subprocess.Popen]:
+    """``proc`` for the block; killed (and reaped) when the block leaves it running, a failure included."""
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+def ctrl_c(proc: subprocess.Popen, timeout: float = 120.0) -> tuple[str, str]:
+    """Interrupt ``proc`` as Ctrl-C does (SIGINT) and wait for it: its remaining (stdout, stderr)."""
+    proc.send_signal(signal.SIGINT)
+    return proc.communicate(timeout=timeout)
 
 
 def read_jsonl(path: Path) -> list[dict]:

@@ -87,6 +87,12 @@ class LiveStream:
         self._stop.set()
         self._thread.join(10)
 
+    def __enter__(self) -> LiveStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
 
 def cycling(images: Sequence[np.ndarray], hold_s: float) -> Callable[[float], np.ndarray]:
     """A picture function showing each of ``images`` for ``hold_s`` seconds, over and over."""

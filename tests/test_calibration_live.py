@@ -5,10 +5,9 @@ still in both, and Ctrl-C (a real SIGINT) ends the collection and calibrates."""
 
 from __future__ import annotations
 
+import contextlib
 import os
-import signal
 import subprocess
-import threading
 import time
 
 import numpy as np
@@ -16,7 +15,7 @@ import pytest
 
 from stages.mocap.camera import read_rig
 from tests.boardsynth import Renderer, board_poses, rig_cameras
-from tests.cliutil import CLI, REPO
+from tests.cliutil import CLI, REPO, ctrl_c, killed_on_exit, wait_for
 from tests.livestream import LiveStream, cycling
 from tests.test_calibration import BOARD
 
@@ -40,29 +39,19 @@ def test_calibrate_on_live_cameras_takes_still_views_and_ctrl_c_calibrates(tmp_p
     out = tmp_path / "calib.toml"
     args = [arg for c, s in zip(cameras, streams) for arg in ("--source", f"{c.name}={s.url}")]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([*CLI, "calibrate", *args, "--board", "6x8", "--square", "0.08", "--marker", "0.06",
-                             "--out", str(out)], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stderr.readline, "")), daemon=True)
-    reader.start()
-    try:
-        # More views than poses: the cycle came round, every pose a camera can see was offered.
-        deadline = time.monotonic() + 180
-        while not any(line.startswith(f"view {POSES + 2} ") for line in lines):
-            assert proc.poll() is None, "".join(lines)
-            assert time.monotonic() < deadline, "".join(lines)
-            time.sleep(0.1)
-        proc.send_signal(signal.SIGINT)
-        stdout, _ = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    log = tmp_path / "stderr.txt"  # a file, read while it runs (a pipe would race communicate())
+    with contextlib.ExitStack() as stack:
         for stream in streams:
-            stream.stop()
-    reader.join(10)
-    text = "".join(lines)
+            stack.enter_context(stream)
+        proc = stack.enter_context(killed_on_exit(subprocess.Popen(
+            [*CLI, "calibrate", *args, "--board", "6x8", "--square", "0.08", "--marker", "0.06", "--out", str(out)],
+            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=stack.enter_context(open(log, "w")), text=True)))
+        # More views than poses: the cycle came round, every pose a camera can see was offered.
+        wait_for(lambda: proc.poll() is not None or f"\nview {POSES + 2} " in log.read_text(), f"view {POSES + 2}", 180)
+        assert proc.poll() is None, log.read_text()
+        stdout, _ = ctrl_c(proc)
+    text = log.read_text()
+    lines = text.splitlines()
     assert proc.returncode == 0, text
     assert "stopped collecting after" in text and "Traceback" not in text, text
     views = [line for line in lines if line.startswith("view ")]

@@ -3,7 +3,6 @@ network reader, and a whole run whose camera hangs, is reconnected and restarts 
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import time
 from pathlib import Path
@@ -12,7 +11,7 @@ import numpy as np
 import pytest
 
 from pipeline.sources import open_source
-from tests.cliutil import CLI, OFFLINE, read_jsonl, strictly_increasing, wait_for
+from tests.cliutil import CLI, OFFLINE, ctrl_c, killed_on_exit, read_jsonl, strictly_increasing, wait_for
 from tests.livestream import LiveStream, cycling
 
 pytestmark = pytest.mark.timeout(300)
@@ -55,14 +54,13 @@ def test_a_network_camera_that_hangs_is_reconnected_and_the_run_goes_on(tiny: Pa
     """The camera stops sending with its connection open: after --stall-timeout the run says so, drops
     it and reconnects with backoff; the camera serves the new connection from timestamp 0 again; the
     keypoint file marks the outage, its frames and timestamps keep increasing, and Ctrl-C ends the run."""
-    stream = LiveStream(_moving, (160, 120), fps=15)
     kp = tmp_path / "kp.jsonl"
-    proc = subprocess.Popen([*CLI, "--source", f"cam0={stream.url}", "--tasks", "pose", *OFFLINE,
-                             "--stall-timeout", "1", "--save-keypoints", str(kp)], cwd=tmp_path, env=cli_env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        frames = lambda: [r for r in _lines(kp) if "frame" in r]  # noqa: E731
-        events = lambda: [r["event"] for r in _lines(kp) if "event" in r]  # noqa: E731
+    frames = lambda: [r for r in _lines(kp) if "frame" in r]  # noqa: E731
+    events = lambda: [r["event"] for r in _lines(kp) if "event" in r]  # noqa: E731
+    with LiveStream(_moving, (160, 120), fps=15) as stream, killed_on_exit(subprocess.Popen(
+            [*CLI, "--source", f"cam0={stream.url}", "--tasks", "pose", *OFFLINE, "--stall-timeout", "1",
+             "--save-keypoints", str(kp)], cwd=tmp_path, env=cli_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True)) as proc:
         wait_for(lambda: proc.poll() is not None or len(frames()) >= 10, "10 frames from the stream", 120)
         assert proc.poll() is None, proc.communicate()[1]
         stream.stall()
@@ -73,13 +71,7 @@ def test_a_network_camera_that_hangs_is_reconnected_and_the_run_goes_on(tiny: Pa
         wait_for(lambda: proc.poll() is not None or ("resumed" in events() and len(frames()) >= before + 10),
                  "10 frames after the reconnection", 120)
         assert proc.poll() is None, proc.communicate()[1]
-        proc.send_signal(signal.SIGINT)
-        _, stderr = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-        stream.stop()
+        _, stderr = ctrl_c(proc)
     assert proc.returncode == 0, stderr
     assert "Traceback" not in stderr, stderr
     assert stream.clients >= 2
