@@ -1,5 +1,6 @@
 """Argument helpers the commands share: the run flags, generated from RunConfig's fields (``run`` and
-``batch`` take them), the config they make with the YAML file, and a failure as one line.
+``batch`` take them), the config they make with the YAML file, a failure as one line, and SIGTERM as
+a Ctrl-C with the status of a terminated process.
 
 Subcommand modules import these, never the entry point (pipeline.cli), so that command-line parsing
 goes one way: the entry point assembles the commands, the commands use this module.
@@ -14,6 +15,18 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # for annotations: the helpers import pipeline.config when they are called
     from .config import RunConfig
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM: stopped as by Ctrl-C, with the exit status of a terminated process (the entry point
+    prints ``error: terminated`` and exits 143)."""
+
+    exit_code = 143
+
+
+def raise_terminated(signum: int, frame: Any) -> None:
+    """A SIGTERM handler: raise Terminated where the main thread is, as Ctrl-C raises KeyboardInterrupt."""
+    raise Terminated("terminated")
 
 
 def _flag_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:

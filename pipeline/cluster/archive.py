@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from stages.errors import ConfigError
 
+from ..cliargs import raise_terminated
 from .archive_files import (
     DONE,
     FAILED,
@@ -367,7 +368,7 @@ def _run_on_ray(args: argparse.Namespace, cfg: RunConfig, todo: list[Item], out:
     except Exception as exc:  # Ray's own failure to start or connect, as one line
         raise RuntimeError(f"Ray did not start{'' if address is None else f' at {address}'}: {one_line(exc)}") from None
     # SIGTERM (a scheduler stopping the job) as Ctrl-C: the summary, then exit 143; not Ray's crash handler
-    signal.signal(signal.SIGTERM, _terminated)
+    signal.signal(signal.SIGTERM, raise_terminated)
     try:
         gpus_there = float(ray.cluster_resources().get("GPU", 0))
         gpus = args.gpus_per_worker if args.gpus_per_worker is not None else (1.0 if gpus_there else 0.0)
@@ -408,16 +409,6 @@ def _run_on_ray(args: argparse.Namespace, cfg: RunConfig, todo: list[Item], out:
             write_atomic(out / video_id / FAILED, json.dumps(rows[video_id]) + "\n")
     finally:
         ray.shutdown()
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM: stopped as by Ctrl-C, with the exit status of a terminated process."""
-
-    exit_code = 143
-
-
-def _terminated(signum: int, frame: Any) -> None:
-    raise Terminated("terminated")
 
 
 def _check_resources(cfg: RunConfig, workers: int, gpus: float, gpus_there: float, local: bool) -> None:
