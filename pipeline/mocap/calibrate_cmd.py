@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -28,6 +29,7 @@ from sapiens2_client.cli import OneLineParser, positive
 from stages.errors import ConfigError
 from stages.mocap import DEFAULT_MIN_VIEWS
 
+from ..cliargs import raise_terminated
 from ..sourcespecs import SourceSpec, missing_file, name_sources
 
 if TYPE_CHECKING:  # the handler imports them: building the command line loads neither OpenCV nor PyAV
@@ -215,10 +217,11 @@ def collect(board: Board, sources: dict[str, Source], every: int, max_views: int
                         print(f"view {len(frames)} (frame {step}): the board seen by {seen}", file=sys.stderr,
                               flush=True)
             step += 1
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (Terminated)
         if not live:
             raise
-        print(f"stopped collecting after {len(frames)} views", file=sys.stderr, flush=True)
+        how = "terminated" if getattr(exc, "exit_code", 130) == 143 else "interrupted"
+        print(f"{how}: stopped collecting after {len(frames)} views", file=sys.stderr, flush=True)
     return detections, sizes, frames
 
 
@@ -239,7 +242,15 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             intrinsics = {s.id: given[s.id] for s in specs}
         for spec in specs:
             sources[spec.id] = open_source(spec.uri, source_id=spec.id)
-        detections, sizes, frames = collect(board, sources, args.every, args.max_views)
+        # Ctrl-C and SIGTERM stop the collection (live) whatever this process inherited: a launcher
+        # that ignores SIGINT (a script's background job, nohup, a test runner) would leave it deaf.
+        previous = {sig: signal.signal(sig, handler) for sig, handler in
+                    ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, raise_terminated))}
+        try:
+            detections, sizes, frames = collect(board, sources, args.every, args.max_views)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
         for source in sources.values():
             source.stop()
         result = calibrate_rig(board, detections, sizes, intrinsics=intrinsics,
