@@ -29,8 +29,8 @@ def _rgb(grey: np.ndarray) -> np.ndarray:
     return np.repeat(grey[..., None], 3, axis=2)
 
 
-# The command started with SIGINT and SIGTERM ignored, as a script's background job or nohup starts it
-# (and as a test runner's worker may): it must still stop collecting on either (exec keeps the PID).
+# The command started with SIGINT and SIGTERM ignored, as a background job of a non-interactive shell
+# inherits SIGINT (a CI script's `... &`): it must still stop collecting on either (exec keeps the PID).
 DEAF = ["sh", "-c", 'trap "" INT TERM; exec "$0" "$@"']
 
 

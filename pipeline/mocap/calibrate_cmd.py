@@ -73,7 +73,8 @@ def add_calibrate_parser(subparsers: argparse._SubParsersAction) -> None:
                    help=f"views of the board each camera needs for its intrinsics (default {DEFAULT_MIN_VIEWS})")
     p.add_argument("--refine-intrinsics", action="store_true",
                    help="refine the intrinsics in the joint refinement too (default: fixed)")
-    p.add_argument("--fit-k3", action="store_true", help="fit the k3 distortion term too (wide-angle lenses)")
+    p.add_argument("--fit-k3", action="store_true",
+                   help="fit the k3 distortion term too (wide-angle lenses; pinhole cameras: a fisheye has k1..k4)")
     p.add_argument("--fisheye", nargs="?", const=ALL, metavar="NAME[,NAME...]",
                    help="fit OpenCV's fisheye model (k1..k4) for every camera, or for the cameras named (lenses "
                         "of 120 degrees and more; show them the board near the image's edges and corners too)")
