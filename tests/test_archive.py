@@ -145,6 +145,8 @@ def test_batch_killed_then_resumed_does_each_video_once(archive: Path, ray_env: 
     unfinished = next(name for name in CLIPS if name not in before)
     (out / unfinished).mkdir(exist_ok=True)
     (out / unfinished / f".partial-0-{VIDEO}").write_bytes(os.urandom(1000))
+    # And the mark of a worker killed while loading its models (the kill can land then: seen under load).
+    (out / ".partial-loading-19990101T000000-dead00-host-1").touch()
     # One complete video's input is replaced (a newer file under the same name): done again, not skipped.
     replaced = sorted(before)[0]
     source = archive / f"{replaced}.mp4"

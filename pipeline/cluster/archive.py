@@ -241,6 +241,9 @@ def cmd_batch(args: argparse.Namespace) -> int:
     items = list_inputs(args.inputs, out=args.out)
     out = prepare_out(args.out)
     with lock_out(out):  # the folder is this run's until it ends
+        # What a killed run left at the top (its workers' loading marks, a half-written summary): with
+        # the lock held no other run can be using them.
+        clear_partials(out)
         return _batch(args, items, out)
 
 
