@@ -66,9 +66,6 @@ def phase_fastpath(ctx: Ctx) -> None:
         crops = default.preprocess(image_t, boxes_t)
         crops3 = default.preprocess(image_t, boxes_t[:3])  # 3 persons, padded to a batch of 4
     _, base, base_ms = _ablation_row(ctx, rows, "default", lambda: default, crops, 4, None, None)
-    unfused = load_model(ctx.ckpt("pose"), device=ctx.device, dtype=ctx.dtype, fuse_qkv=False)
-    _ablation_row(ctx, rows, "QKV projections unfused", estimator(unfused), crops, 4, base, base_ms)
-    del unfused
     for attention in ("flash", "efficient", "cudnn", "math"):
         _ablation_row(ctx, rows, f"attention {attention}", estimator(fastpath=FastPath(attention=attention)), crops,
                       4, base, base_ms)

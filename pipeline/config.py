@@ -77,7 +77,6 @@ class RunConfig(MocapFields):  # the motion-capture keys: pipeline/mocap/options
     dense_input: list[int] = option(help="seg/matting/normal/pointmap input HxW", parse=parse_size, metavar="HxW",
                                     factory=lambda: [1024, 768])
     flip_test: bool = option(False, "average with mirrored crops (2x pose cost)")
-    fuse_qkv: bool = option(True, "one GEMM for q, k and v (--no-fuse-qkv keeps them separate)")
     # GPU fast path (stages.sapiens2.fastpath): every option leaves the outputs unchanged
     attention: str = option("auto", "SDPA kernels for attention (CUDA-only choices fall back to auto elsewhere)",
                             choices=list(ATTENTION_NAMES))

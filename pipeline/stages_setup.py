@@ -118,7 +118,7 @@ def build_stages(cfg: RunConfig, device: torch.device | None = None) -> Stages:
     estimators = {}
     fastpath = fastpath_from(cfg)
     for task, path in sources.items():
-        model = load_model(path, device=device, dtype=cfg.dtype, fuse_qkv=cfg.fuse_qkv)
+        model = load_model(path, device=device, dtype=cfg.dtype)
         kwargs = {"flip_test": cfg.flip_test, "buckets": cfg.pose_buckets} if task == "pose" else {}
         estimators[task] = ESTIMATORS[task](model, input_size=_input_size(task, cfg, model, notes), fastpath=fastpath,
                                             **kwargs)

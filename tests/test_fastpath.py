@@ -148,7 +148,7 @@ def test_attention_probe_runs_the_real_token_count_and_layouts(tiny_dirs, monkey
 def test_active_options_are_logged(tiny_dirs, caplog):
     caplog.set_level(logging.INFO, "stages.sapiens2")
     _estimator(tiny_dirs["pose"], "pose", FastPath(attention="math", channels_last=True))
-    assert "pose fast path: fused_qkv=on attention=math channels_last=on compile=off" in caplog.text
+    assert "pose fast path: attention=math channels_last=on compile=off" in caplog.text
 
 
 @pytest.mark.parametrize("kwargs, key", [({"attention": "flashy"}, "attention"), ({"compile": "fast"}, "compile"),

@@ -255,27 +255,24 @@ def pose_sd(pose_dir):
     return load_file(str(pose_dir / "model.safetensors"))
 
 
-@pytest.mark.parametrize("fuse", [True, False])
-def test_wrong_shape_names_key_and_shapes(tmp_path, pose_dir, pose_sd, fuse):
+def test_wrong_shape_names_key_and_shapes(tmp_path, pose_dir, pose_sd):
     key = "backbone.blocks.1.attn.proj.weight"
     sd = dict(pose_sd, **{key: torch.zeros(64, 32)})
-    _refused(_folder_with(tmp_path, pose_dir, sd), key, "(64, 32)", "(64, 64)", fuse_qkv=fuse)
+    _refused(_folder_with(tmp_path, pose_dir, sd), key, "(64, 32)", "(64, 64)")
 
 
-@pytest.mark.parametrize("fuse", [True, False])
-def test_wrong_shape_of_a_qkv_projection(tmp_path, pose_dir, pose_sd, fuse):
-    """q/k/v are fused at load time by default; a bad shape there must still be a named CheckpointError."""
+def test_wrong_shape_of_a_qkv_projection(tmp_path, pose_dir, pose_sd):
+    """q/k/v are fused at load time; a bad shape there must still be a named CheckpointError."""
     key = "backbone.blocks.0.attn.wq.weight"
     sd = dict(pose_sd, **{key: torch.zeros(64, 32)})
-    _refused(_folder_with(tmp_path, pose_dir, sd), key, "(64, 32)", fuse_qkv=fuse)
+    _refused(_folder_with(tmp_path, pose_dir, sd), key, "(64, 32)")
 
 
-@pytest.mark.parametrize("fuse", [True, False])
 @pytest.mark.parametrize("key", ["backbone.blocks.2.ffn.w3.weight", "backbone.blocks.0.attn.wq.weight"])
-def test_missing_tensor_is_named(tmp_path, pose_dir, pose_sd, fuse, key):
+def test_missing_tensor_is_named(tmp_path, pose_dir, pose_sd, key):
     """Also a q projection, which the fused layout would otherwise hide inside wqkv."""
     sd = {k: v for k, v in pose_sd.items() if k != key}
-    msg = _refused(_folder_with(tmp_path, pose_dir, sd), key, fuse_qkv=fuse)
+    msg = _refused(_folder_with(tmp_path, pose_dir, sd), key)
     assert "missing" in msg
 
 

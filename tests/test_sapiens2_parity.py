@@ -36,12 +36,11 @@ def test_forward_matches_reference(tmp_path, task, arch):
     x = torch.randn(2, 3, h, w)
     with torch.no_grad():
         expected = _ref_output(task, ref(x))
-        for fuse in (True, False):
-            ours, scale = load_model(tmp_path, device="cpu", dtype="float32", fuse_qkv=fuse)(x)
-            tol = 1e-4 * expected.abs().max().item()
-            assert (ours - expected).abs().max().item() <= tol, (task, arch, fuse)
-            if task == "pointmap":
-                assert torch.allclose(scale, ref(x).scales, atol=1e-4 * ref(x).scales.abs().max().item())
+        ours, scale = load_model(tmp_path, device="cpu", dtype="float32")(x)
+    # fused q/k/v, RMSNorm and RoPE reorder float32 sums only: within 1e-5 of the output's scale
+    assert (ours - expected).abs().max().item() <= 1e-5 * expected.abs().max().item(), (task, arch)
+    if task == "pointmap":
+        assert torch.allclose(scale, ref(x).scales, rtol=0, atol=1e-5 * ref(x).scales.abs().max().item())
 
 
 @pytest.mark.parametrize("size", [(64, 48), (128, 96), (96, 160)])
@@ -76,6 +75,24 @@ def _clear_peaks(heatmaps: torch.Tensor, margin: float = 1e-3) -> np.ndarray:
     return ((peak - second) > margin * peak.abs()).numpy()
 
 
+def _stable_refinement(proc, out, flipped, xywh, expected, rel: float = 1e-6) -> np.ndarray:
+    """(N, K) mask of keypoints whose reference decoding stays within 0.01 px when its heatmaps move by a
+    relative ``rel`` (float32 rounding: our fused kernels sum in another order). The DARK Newton step of a
+    flat or saddle-shaped heatmap is ill-conditioned (steps of hundreds of pixels) and amplifies any rounding."""
+    stable = np.ones((len(expected), len(expected[0]["keypoints"])), bool)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        def nudged(o):
+            if o is None:
+                return None
+            noise = 1 + rel * torch.randn(o.heatmaps.shape, generator=gen)
+            return type(o)(heatmaps=o.heatmaps * noise)
+        again = proc.post_process_pose_estimation(nudged(out), boxes=xywh, outputs_flipped=nudged(flipped))[0]
+        for i, (a, b) in enumerate(zip(again, expected)):
+            stable[i] &= (np.abs(a["keypoints"].numpy() - b["keypoints"].numpy()).max(-1) < 0.01)
+    return stable
+
+
 @pytest.mark.parametrize("flip", [False, True])
 def test_pose_pipeline_matches_reference(tmp_path, flip):
     ref = reference_model("pose", image_size=[128, 96])
@@ -94,7 +111,7 @@ def test_pose_pipeline_matches_reference(tmp_path, flip):
         flipped = ref(inputs["pixel_values"].flip(-1), flip_pairs=est.flip_pairs) if flip else None
     expected = proc.post_process_pose_estimation(out, boxes=xywh, outputs_flipped=flipped)[0]
     heatmaps = out.heatmaps if flipped is None else (out.heatmaps + flipped.heatmaps) / 2
-    clear = _clear_peaks(heatmaps)
+    clear = _clear_peaks(heatmaps) & _stable_refinement(proc, out, flipped, xywh, expected)
     assert clear.mean() > 0.8, "test model too flat to compare"
     got = est.predict(image, boxes)
     assert got.xy.shape == (4, 308, 2) and got.scores.shape == (4, 308)

@@ -86,9 +86,12 @@ def test_fp16_mode_parameter_dtypes(hot_dir):
     assert model.dtype == torch.float16
     assert model.backbone.residual_dtype == torch.float32
     norms = [m for m in model.modules() if isinstance(m, RMSNorm)]
+    qk = [n for b in model.backbone.blocks for n in (b.attn.q_norm, b.attn.k_norm)]
+    residual = [n for n in norms if all(n is not q for q in qk)]
     scales = [m for m in model.modules() if isinstance(m, LayerScale)]
-    assert len(norms) == 1 + 2 * 4 + 2 * 4  # final norm, ln1/ln2 and q/k norms of 4 blocks
-    assert all(m.weight.dtype == torch.float32 for m in norms + scales)
+    assert len(residual) == 1 + 2 * 4 and len(qk) == 2 * 4  # final norm and ln1/ln2; q/k norms of 4 blocks
+    assert all(m.weight.dtype == torch.float32 for m in residual + scales)  # the residual stream's
+    assert all(m.weight.dtype == torch.float16 for m in qk)  # on float16 GEMM outputs, float32 inside
     linears = [m for m in model.modules() if isinstance(m, nn.Linear | nn.Conv2d | nn.ConvTranspose2d)]
     assert linears and all(m.weight.dtype == torch.float16 for m in linears)
     assert all(m.bias is None or m.bias.dtype == torch.float16 for m in linears)

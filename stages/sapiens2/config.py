@@ -83,8 +83,6 @@ class Sapiens2Config:
     use_qk_norm: bool = True
     num_labels: int = 308
     head: HeadConfig | None = None
-    # Fast path: q/k/v projections concatenated into one GEMM at load time.
-    fuse_qkv: bool = True
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:

@@ -17,8 +17,6 @@
   of every shape compiles, which the estimators' ``warmup()`` does up front (on the stream that
   replays) and times.
 
-Fused QKV (one GEMM for q, k and v) is a load-time option (``load_model(fuse_qkv=...)``) and is
-reported here with the rest.
 """
 
 from __future__ import annotations
@@ -100,10 +98,9 @@ class FastPath:
         return replace(self, attention=attention, channels_last=channels_last, compile=compile_mode)
 
     def describe(self, model: Sapiens2 | None = None) -> str:
-        """One line for the log, e.g. ``fused_qkv=on attention=flash channels_last=on compile=off``."""
+        """One line for the log, e.g. ``attention=flash channels_last=on compile=off``."""
         onoff = {True: "on", False: "off", None: "auto"}
-        parts = [] if model is None else [f"fused_qkv={onoff[bool(model.cfg.fuse_qkv)]}"]
-        parts += [f"attention={self.attention}", f"channels_last={onoff[self.channels_last]}",
+        parts = [f"attention={self.attention}", f"channels_last={onoff[self.channels_last]}",
                   f"compile={self.compile}"]
         return " ".join(parts)
 

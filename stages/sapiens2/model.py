@@ -1,16 +1,12 @@
-"""Sapiens2 in plain PyTorch: ViT backbone (RoPE, QK-norm, GQA, SwiGLU) and the task heads.
+"""Sapiens2 in plain PyTorch: ViT backbone (RoPE, QK-norm, GQA, SwiGLU) and the task heads. No I/O.
 
-Module and parameter names follow the ORIGINAL Sapiens2 checkpoints (``backbone.blocks.N.attn.wq``,
-``ffn.w12``, ``decode_head.deconv_layers.0`` ...), so loading is a strict ``load_state_dict`` after a
-small remap (see ``weights.remap``). No I/O here.
+Names follow the published checkpoints (``ffn.w12``, ``decode_head.deconv_layers.0`` ...) except
+``attn.wqkv``, the published ``wq``/``wk``/``wv`` fused into one GEMM at load (``remap``). Each
+block is about 20 kernels: fused RMSNorm (``F.rms_norm``), RoPE on precomputed tables, LayerScale
+and residual in one ``addcmul``.
 
-Precision: ``Sapiens2.set_precision(torch.float16)`` keeps the residual stream, every RMSNorm, the
-attention softmax (inside SDPA) and the instance norms in float32 while the matmuls run in half
-precision, so the residual stream cannot overflow. The matmul outputs themselves (``silu(gate) *
-up``, ``w3``, ``proj``) are float16 and can exceed its range where a ViT has "massive activations":
-the engine checks every output on the device and a stage that overflows falls back to bfloat16,
-once, with a warning (pipeline.engine). In bfloat16 and float32 the residual stream stays in the
-weights' dtype.
+Precision: in float16 (``set_precision``) the residual stream, the norms and LayerScale stay in
+float32 and only the matmuls run in float16; outputs that overflow anyway are caught by the engine.
 """
 
 from __future__ import annotations
@@ -31,12 +27,13 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: Tensor, out_dtype: torch.dtype | None = None) -> Tensor:
-        out_dtype = out_dtype or x.dtype
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        if self.weight.dtype == out_dtype:  # as the reference: cast, then scale
-            return self.weight * xf.to(out_dtype)
-        return (self.weight.float() * xf).to(out_dtype)  # fp16-safe mode: float32 weights
+        """One fused kernel (``aten.rms_norm``) when x and the weight share a dtype; otherwise (the
+        fp16-safe mode: float32 weights) in float32, cast to ``out_dtype``."""
+        if self.weight.dtype == x.dtype:
+            out = F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        else:
+            out = F.rms_norm(x.float(), self.weight.shape, self.weight.float(), self.eps)
+        return out if out_dtype is None or out.dtype == out_dtype else out.to(out_dtype)
 
 
 class LayerScale(nn.Module):
@@ -47,43 +44,50 @@ class LayerScale(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         return x * self.weight.to(x.dtype)
 
+    def add_to(self, residual: Tensor, x: Tensor) -> Tensor:
+        """residual + weight * x in one op (``addcmul``), in the residual's dtype."""
+        if residual.dtype == x.dtype == self.weight.dtype:
+            return torch.addcmul(residual, x, self.weight)
+        return torch.addcmul(residual, x.to(residual.dtype), self.weight.to(residual.dtype))
 
-def rope_tables(grid_h: int, grid_w: int, head_dim: int, base: float, device: torch.device) -> tuple[Tensor, Tensor]:
-    """cos/sin (P, head_dim) for patch centres normalised to [-1, 1] per axis; y frequencies first."""
+
+def rope_tables(grid_h: int, grid_w: int, head_dim: int, base: float, num_prefix: int, device: torch.device,
+                dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """cos and signed sin (T, head_dim) for every token, in ``dtype``: patch centres normalised to
+    [-1, 1] per axis, y frequencies first; the CLS and register rows are the identity (cos 1, sin 0).
+
+    The sign of ``rotate_half`` is folded into the sin table: ``rope(x) = x * cos + roll(x, hd/2) * sin``.
+    """
     inv_freq = 1.0 / base ** torch.arange(0, 1, 4 / head_dim, dtype=torch.float32, device=device)  # (hd/4,)
     ys = (torch.arange(0.5, grid_h, dtype=torch.float32, device=device) / grid_h) * 2 - 1
     xs = (torch.arange(0.5, grid_w, dtype=torch.float32, device=device) / grid_w) * 2 - 1
     coords = torch.stack(torch.meshgrid(ys, xs, indexing="ij"), dim=-1).flatten(0, 1)  # (P, 2)
     angles = (2 * math.pi * coords[:, :, None] * inv_freq[None, None, :]).flatten(1, 2)  # (P, hd/2)
     angles = angles.tile(2)  # (P, hd)
-    return angles.cos(), angles.sin()
+    half = head_dim // 2
+    sign = torch.cat((torch.full((half,), -1.0, device=device), torch.ones(half, device=device)))  # (hd,)
+    cos = torch.cat((torch.ones(num_prefix, head_dim, device=device), angles.cos()))  # (T, hd)
+    sin = torch.cat((torch.zeros(num_prefix, head_dim, device=device), angles.sin() * sign))  # (T, hd)
+    return cos.to(dtype), sin.to(dtype)
 
 
-def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, num_prefix: int) -> Tensor:
-    """Rotate the patch tokens of x (B, H, T, hd); CLS and register tokens pass through."""
-    prefix, patches = x[:, :, :num_prefix], x[:, :, num_prefix:]
-    half = patches.shape[-1] // 2
-    rotated = torch.cat((-patches[..., half:], patches[..., :half]), dim=-1)
-    patches = patches * cos + rotated * sin
-    return torch.cat((prefix, patches), dim=2)
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate x (B, T, H, hd) by the tables (T, 1, hd): three kernels, no slicing or concatenation."""
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), sin)
 
 
 class Attention(nn.Module):
+    """Multi-head attention with QK-norm, 2-D RoPE and GQA; q, k and v come from one fused GEMM
+    (``wqkv``; the published ``wq``/``wk``/``wv`` are concatenated at load, see ``remap.fuse_qkv``)."""
+
     def __init__(self, cfg: Sapiens2Config, num_kv_heads: int) -> None:
         super().__init__()
         d, hd = cfg.hidden_size, cfg.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, num_kv_heads, hd
-        self.num_prefix = cfg.num_prefix_tokens
-        self.fused = cfg.fuse_qkv
-        kv_dim = num_kv_heads * hd
-        if self.fused:
-            # Missing q/k/v biases are zero-filled at load time so one GEMM serves all three.
-            any_bias = cfg.query_bias or cfg.key_bias or cfg.value_bias
-            self.wqkv = nn.Linear(d, d + 2 * kv_dim, bias=any_bias)
-        else:
-            self.wq = nn.Linear(d, d, bias=cfg.query_bias)
-            self.wk = nn.Linear(d, kv_dim, bias=cfg.key_bias)
-            self.wv = nn.Linear(d, kv_dim, bias=cfg.value_bias)
+        self.qkv_sizes = (d, num_kv_heads * hd, num_kv_heads * hd)
+        # A projection the checkpoint has no bias for gets a zero slice of the fused bias.
+        self.qkv_bias = (cfg.query_bias, cfg.key_bias, cfg.value_bias)
+        self.wqkv = nn.Linear(d, sum(self.qkv_sizes), bias=any(self.qkv_bias))
         self.q_norm = RMSNorm(hd, cfg.rms_norm_eps) if cfg.use_qk_norm else None
         self.k_norm = RMSNorm(hd, cfg.rms_norm_eps) if cfg.use_qk_norm else None
         self.proj = nn.Linear(d, d, bias=cfg.proj_bias)
@@ -91,22 +95,17 @@ class Attention(nn.Module):
 
     def forward(self, x: Tensor, rope: tuple[Tensor, Tensor]) -> Tensor:
         b, t, d = x.shape
-        if self.fused:
-            kv_dim = self.num_kv_heads * self.head_dim
-            q, k, v = self.wqkv(x).split((d, kv_dim, kv_dim), dim=-1)
-        else:
-            q, k, v = self.wq(x), self.wk(x), self.wv(x)
-        q = q.view(b, t, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, T, hd)
-        k = k.view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, hd)
-        v = v.view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q, k, v = self.wqkv(x).split(self.qkv_sizes, dim=-1)
+        q = q.view(b, t, self.num_heads, self.head_dim)  # (B, T, H, hd)
+        k = k.view(b, t, self.num_kv_heads, self.head_dim)  # (B, T, Hkv, hd)
+        v = v.view(b, t, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        cos, sin = rope
-        q = apply_rope(q, cos.to(q.dtype), sin.to(q.dtype), self.num_prefix)
-        k = apply_rope(k, cos.to(k.dtype), sin.to(k.dtype), self.num_prefix)
-        out = F.scaled_dot_product_attention(q, k, v, enable_gqa=self.num_kv_heads != self.num_heads)
-        out = out.transpose(1, 2).reshape(b, t, d)  # (B, T, D)
-        return self.proj(out)
+            q, k = self.q_norm(q, x.dtype), self.k_norm(k, x.dtype)
+        cos, sin = rope  # (T, 1, hd)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                             enable_gqa=self.num_kv_heads != self.num_heads)  # (B, H, T, hd)
+        return self.proj(out.transpose(1, 2).reshape(b, t, d))
 
 
 class SwiGLU(nn.Module):
@@ -132,8 +131,9 @@ class Block(nn.Module):
 
     def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], compute_dtype: torch.dtype) -> Tensor:
         # x is the residual stream (float32 in the fp16-safe mode); branches run in compute_dtype.
-        x = x + self.attn.gamma(self.attn(self.ln1(x, compute_dtype), rope).to(x.dtype))
-        return x + self.ffn(self.ln2(x, compute_dtype)).to(x.dtype)
+        x = self.attn.gamma.add_to(x, self.attn(self.ln1(x, compute_dtype), rope))
+        out = self.ffn(self.ln2(x, compute_dtype))
+        return x + (out if out.dtype == x.dtype else out.to(x.dtype))
 
 
 class Backbone(nn.Module):
@@ -150,10 +150,13 @@ class Backbone(nn.Module):
         self.residual_dtype: torch.dtype | None = None  # None: same as the weights
         self._rope_cache: dict[tuple, tuple[Tensor, Tensor]] = {}
 
-    def rope(self, grid_h: int, grid_w: int, device: torch.device) -> tuple[Tensor, Tensor]:
-        key = (grid_h, grid_w, device)
+    def rope(self, grid_h: int, grid_w: int, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """RoPE tables (T, 1, hd) for a patch grid, made once per grid, device and dtype."""
+        key = (grid_h, grid_w, device, dtype)
         if key not in self._rope_cache:
-            self._rope_cache[key] = rope_tables(grid_h, grid_w, self.cfg.head_dim, self.cfg.rope_theta, device)
+            cos, sin = rope_tables(grid_h, grid_w, self.cfg.head_dim, self.cfg.rope_theta,
+                                   self.cfg.num_prefix_tokens, device, dtype)
+            self._rope_cache[key] = cos[:, None], sin[:, None]
         return self._rope_cache[key]
 
     def forward_features(self, pixels: Tensor) -> Tensor:
@@ -166,7 +169,7 @@ class Backbone(nn.Module):
         x = torch.cat(
             (self.cls_token.expand(b, -1, -1), self.storage_tokens.expand(b, -1, -1), patches), dim=1
         ).to(residual_dtype)  # (B, T, D)
-        rope = self.rope(gh, gw, pixels.device)
+        rope = self.rope(gh, gw, pixels.device, compute_dtype)
         for block in self.blocks:
             x = block(x, rope, compute_dtype)
         x = self.ln1(x, compute_dtype)[:, self.cfg.num_prefix_tokens :]  # (B, P, D)
@@ -174,10 +177,14 @@ class Backbone(nn.Module):
 
 
 class InstanceNorm(nn.Module):
-    """Affine-free instance norm computed in float32 (safe in fp16)."""
+    """Affine-free instance norm. float16 input is normalised in float32 (its squares overflow);
+    bfloat16 and float32 in their own dtype (the kernels accumulate in float32), which spares a
+    float32 copy of every head activation."""
 
     def forward(self, x: Tensor) -> Tensor:
-        return F.instance_norm(x.float(), eps=1e-5).to(x.dtype)
+        if x.dtype == torch.float16:
+            return F.instance_norm(x.float(), eps=1e-5).to(x.dtype)
+        return F.instance_norm(x, eps=1e-5)
 
 
 def _norm_act() -> list[nn.Module]:
@@ -262,8 +269,11 @@ class Sapiens2(nn.Module):
         return self.backbone.patch_embed.projection.weight.device
 
     def set_precision(self, dtype: torch.dtype) -> Sapiens2:
-        """Cast once to dtype; in float16 the norm and LayerScale weights stay float32."""
-        keep = {id(p) for m in self.modules() if isinstance(m, RMSNorm | LayerScale) for p in m.parameters()}
+        """Cast once to dtype; in float16 the weights of the residual stream's norms and of LayerScale
+        stay float32 (QK-norm runs on float16 GEMM outputs: in float16, with a float32 accumulator)."""
+        bb = self.backbone
+        on_residual = [bb.ln1, *(n for b in bb.blocks for n in (b.ln1, b.ln2, b.attn.gamma))]
+        keep = {id(p) for m in on_residual for p in m.parameters()}
         for param in self.parameters():
             target = torch.float32 if dtype == torch.float16 and id(param) in keep else dtype
             param.data = param.data.to(target)

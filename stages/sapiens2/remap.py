@@ -4,8 +4,8 @@ Layouts:
 - ``original``: the published names (``backbone.blocks.N.attn.wq``, ``decode_head.conv_pose``), which
   both Meta's files and transformers' ``save_pretrained`` use;
 - ``reference``: transformers' in-memory names (``model.embeddings.*``, ``model.model.layer.N.*``);
-- ``ours``: original names, except the predictor is ``decode_head.predictor`` and, with fused QKV,
-  ``attn.wq/wk/wv`` become one ``attn.wqkv``.
+- ``ours``: original names, except the predictor is ``decode_head.predictor`` and ``attn.wq/wk/wv``
+  are one ``attn.wqkv``.
 """
 
 from __future__ import annotations
@@ -92,9 +92,8 @@ def _rename_reference_key(key: str, task: str, pixel_shuffle: bool) -> str:
     return key  # unknown keys pass through and are reported by the strict load
 
 
-def original_to_ours(sd: dict[str, Tensor], cfg: Sapiens2Config) -> dict[str, Tensor]:
-    """Published names -> our (unfused) module names: predictor renamed, ignorable keys dropped.
-    ``fuse_qkv`` then fuses q/k/v when the model is built that way."""
+def normalise_original(sd: dict[str, Tensor], cfg: Sapiens2Config) -> dict[str, Tensor]:
+    """Published names -> our names before fusion: predictor renamed, ignorable keys dropped."""
     out: dict[str, Tensor] = {}
     predictor = f"decode_head.{PREDICTOR[cfg.task]}."
     for key, value in sd.items():
@@ -104,6 +103,11 @@ def original_to_ours(sd: dict[str, Tensor], cfg: Sapiens2Config) -> dict[str, Te
             key = "decode_head.predictor." + key[len(predictor):]
         out[key] = value
     return out
+
+
+def _qkv_parts(cfg: Sapiens2Config, layer: int) -> tuple[tuple[int, int, int], tuple[bool, bool, bool]]:
+    kv = cfg.num_key_value_heads_per_layer[layer] * cfg.head_dim
+    return (cfg.hidden_size, kv, kv), (cfg.query_bias, cfg.key_bias, cfg.value_bias)
 
 
 def fuse_qkv(sd: dict[str, Tensor], cfg: Sapiens2Config) -> dict[str, Tensor]:
@@ -118,15 +122,42 @@ def fuse_qkv(sd: dict[str, Tensor], cfg: Sapiens2Config) -> dict[str, Tensor]:
         out[p + "wqkv.weight"] = torch.cat(weights, 0)
         biases = [out.pop(p + n + ".bias", None) for n in ("wq", "wk", "wv")]
         if any(b is not None for b in biases):
-            filled = [b if b is not None else torch.zeros(w.shape[0], dtype=w.dtype) for b, w in zip(biases, weights)]
+            filled = [b if b is not None else torch.zeros(w.shape[0], dtype=w.dtype, device=w.device)
+                      for b, w in zip(biases, weights)]
             out[p + "wqkv.bias"] = torch.cat(filled, 0)
     return out
 
 
+def split_qkv(sd: dict[str, Tensor], cfg: Sapiens2Config) -> dict[str, Tensor]:
+    """The inverse of ``fuse_qkv``: attn.wqkv back into wq/wk/wv, biases only where the config has them.
+    A fused bias that is not zero where the config has none cannot be written in the published layout."""
+    out = dict(sd)
+    for i in range(cfg.num_hidden_layers):
+        p = f"backbone.blocks.{i}.attn."
+        if p + "wqkv.weight" not in out:
+            continue
+        sizes, has_bias = _qkv_parts(cfg, i)
+        for name, weight in zip(("wq", "wk", "wv"), out.pop(p + "wqkv.weight").split(sizes, 0)):
+            out[p + name + ".weight"] = weight
+        bias = out.pop(p + "wqkv.bias", None)
+        if bias is None:
+            continue
+        for name, part, keep in zip(("wq", "wk", "wv"), bias.split(sizes, 0), has_bias):
+            if keep:
+                out[p + name + ".bias"] = part
+            elif not part.is_meta and bool(part.any()):
+                raise ValueError(f"{p}{name}: the config has no bias for it, but the fused bias is not zero there")
+    return out
+
+
+def original_to_ours(sd: dict[str, Tensor], cfg: Sapiens2Config) -> dict[str, Tensor]:
+    """Published names -> our module names (predictor renamed, ignorable keys dropped, q/k/v fused)."""
+    return fuse_qkv(normalise_original(sd, cfg), cfg)
+
+
 def ours_to_original(sd: dict[str, Tensor], cfg: Sapiens2Config) -> dict[str, Tensor]:
-    """Our (unfused) names -> published names, for writing checkpoints in the real layout."""
-    if any(".attn.wqkv." in k for k in sd):
-        raise ValueError("write checkpoints from an unfused model (fuse_qkv=False)")
+    """Our names -> published names, for writing checkpoints in the real layout."""
+    sd = split_qkv(sd, cfg)
     predictor = f"decode_head.{PREDICTOR[cfg.task]}."
     return {(predictor + k[len("decode_head.predictor."):] if k.startswith("decode_head.predictor.") else k): v
             for k, v in sd.items()}

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -26,8 +25,7 @@ from .config import ConfigError, Sapiens2Config
 from .configjson import config_from_json, infer_config
 from .model import Sapiens2
 from .names import is_hub_id
-from .remap import detect_layout, original_to_ours, reference_to_original
-from .remap import fuse_qkv as fuse_qkv_weights
+from .remap import detect_layout, fuse_qkv, normalise_original, reference_to_original, split_qkv
 
 log = logging.getLogger(__name__)
 RANDOM_INIT_KEY = "sapiens2_stream"  # safetensors metadata written by make-tiny
@@ -35,6 +33,12 @@ RANDOM_INIT_KEY = "sapiens2_stream"  # safetensors metadata written by make-tiny
 
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be found, read or matched to the model."""
+
+
+def cache_root() -> Path:
+    """This tool's cache folder: ``$SAPIENS2_STREAM_CACHE``, else ``~/.cache/sapiens2-stream`` (tiny
+    checkpoints, compiled kernels)."""
+    return Path(os.environ.get("SAPIENS2_STREAM_CACHE", Path.home() / ".cache" / "sapiens2-stream"))
 
 
 def default_dtype(device: torch.device) -> torch.dtype:
@@ -186,7 +190,6 @@ def load_model(
     source: str | os.PathLike,
     device: str | torch.device | None = None,
     dtype: str | torch.dtype | None = None,
-    fuse_qkv: bool = True,
     image_size: tuple[int, int] | None = None,
 ) -> Sapiens2:
     """Load a Sapiens2 task model (see module docstring for sources). Returns it in eval mode.
@@ -197,16 +200,12 @@ def load_model(
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = parse_dtype(dtype, device)
     cfg, sd, meta, where = load_state(source, image_size)
-    # Check against the unfused layout first so errors name the tensors as they are in the file.
-    sd = original_to_ours(sd, cfg)
-    with torch.device("meta"):
-        check_state(Sapiens2(replace(cfg, fuse_qkv=False)).state_dict(), sd, where)
-    cfg = replace(cfg, fuse_qkv=fuse_qkv)
-    if fuse_qkv:
-        sd = fuse_qkv_weights(sd, cfg)
+    sd = normalise_original(sd, cfg)
     with torch.device("meta"):
         model = Sapiens2(cfg)
-    model.load_state_dict(sd, strict=True, assign=True)
+    # Checked in the published layout (q/k/v apart) so that errors name the tensors as the file has them.
+    check_state(split_qkv(model.state_dict(), cfg), sd, where)
+    model.load_state_dict(fuse_qkv(sd, cfg), strict=True, assign=True)
     model.set_precision(dtype)  # cast on the host, then one transfer
     model.to(device=device)
     model.eval().requires_grad_(False)
