@@ -27,6 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.harness import add_common_args, dump_json, machine_info, measure, table, wait_quiet  # noqa: E402
+from stages.device import resolve_device  # noqa: E402
 from stages.keypoints3d import Lift, lift  # noqa: E402
 
 K = 308
@@ -125,7 +126,7 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     if args.wait_quiet:
         wait_quiet(args.wait_quiet)
-    device = torch.device(args.device)
+    device = resolve_device(args.device)
     out = {"machine": machine_info(device), "cost": cost(device, args.persons, args.windows, args.iters,
                                                          args.warmup)}
     print(f"3D step, {args.persons} persons x {K} keypoints, 1080p pointmap + seg, on {device}:")

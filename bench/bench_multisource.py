@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pipeline.engine import FrameEngine  # noqa: E402
 from pipeline.runner import Runner  # noqa: E402
 from pipeline.stages_setup import Stages  # noqa: E402
+from stages.device import resolve_device  # noqa: E402
 from stages.sapiens2 import load_model  # noqa: E402
 from stages.sapiens2.estimators import ESTIMATORS  # noqa: E402
 from stages.sapiens2.tiny import make_tiny  # noqa: E402
@@ -174,7 +175,7 @@ def main() -> int:
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
+    device = resolve_device(args.device)
     if args.child:
         def ready() -> None:
             print("ready", flush=True)

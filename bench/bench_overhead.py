@@ -61,6 +61,7 @@ from pipeline.sources import SourceEnded  # noqa: E402
 from pipeline.sources.readers import open_file  # noqa: E402
 from pipeline.stages_setup import Stages  # noqa: E402
 from stages.annotate import compose_annotators  # noqa: E402
+from stages.device import resolve_device  # noqa: E402
 from stages.detector import FullFrameDetector  # noqa: E402
 from stages.sapiens2.preprocess import to_device_image  # noqa: E402
 from stages.types import Detections, Frame, FrameResult, Keypoints, StreamInfo  # noqa: E402
@@ -383,7 +384,7 @@ def main() -> int:
     ap.add_argument("--device", default="auto")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    device = torch.device(args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = resolve_device(args.device)
     rng = np.random.default_rng(0)
     r = Report(args.iters, args.warmup)
     if args.wait_quiet > 0:

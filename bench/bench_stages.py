@@ -47,6 +47,7 @@ from bench.harness import (  # noqa: E402
 )
 from pipeline.engine import FrameEngine  # noqa: E402
 from pipeline.stages_setup import Stages  # noqa: E402
+from stages.device import resolve_device  # noqa: E402
 from stages.sapiens2.estimators import ESTIMATORS  # noqa: E402
 from stages.types import Detections, Frame  # noqa: E402
 
@@ -304,7 +305,7 @@ def main() -> int:
     ap.add_argument("--no-engine", action="store_true", help="skip the whole-frame FrameEngine row")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    device = torch.device(args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = resolve_device(args.device)
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
     from transformers import Sapiens2ImageProcessor
 

@@ -98,9 +98,10 @@ def worker_main(conn, config: dict[str, Any]) -> None:
     import torch
 
     phases = {p.name: p for p in importlib.import_module(config["phases_module"]).all_phases()}
-    device = torch.device(config["device"])
+    from stages.device import resolve_device
+
+    device = resolve_device(config["device"], make_current=True)  # cuda -> cuda:N (set_device needs the index)
     if device.type == "cuda":
-        torch.cuda.set_device(device)
         torch.cuda.init()
     report = _WorkerReport(conn)
     ctx = Ctx(device, config["smoke"], config["iters"], config["seconds"], time.monotonic() + 1e9, report,

@@ -7,18 +7,18 @@ loaded, so a missing checkpoint fails in seconds with one line instead of after 
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from stages.device import DeviceError, resolve_device
 from stages.detector import Detector, DetectorError, FullFrameDetector, PersonDetector
 from stages.metadata import load_metadata
 from stages.sapiens2.estimators import ESTIMATORS
 from stages.sapiens2.fastpath import FastPath
 from stages.sapiens2.tiny import make_tiny
-from stages.sapiens2.weights import CheckpointError, is_hub_id, load_model, locate
+from stages.sapiens2.weights import CheckpointError, cache_root, is_hub_id, load_model, locate
 
 from .config import RunConfig
 
@@ -33,7 +33,12 @@ class Stages:
     random_weights: bool = False
     notes: list[str] = field(default_factory=list)  # one-line facts the CLI shows (fallbacks)
     background_id: int = 0  # the segmentation class that is not a person
-    warmup_s: dict[str, float] = field(default_factory=dict)  # task -> start-up warm-up (compile) seconds
+    warmup_s: dict[str, float] = field(default_factory=dict)  # task -> start-up warm-up seconds
+
+    def close(self) -> None:
+        """Stop the estimators' background compiles (a run that ends does not wait for them)."""
+        for est in self.estimators.values():
+            est.close()
 
 
 def hub_id(task: str, size: str) -> str:
@@ -42,30 +47,16 @@ def hub_id(task: str, size: str) -> str:
 
 
 def tiny_dir(task: str) -> Path:
-    root = Path(os.environ.get("SAPIENS2_STREAM_CACHE", Path.home() / ".cache" / "sapiens2-stream"))
-    return root / "tiny" / task
+    return cache_root() / "tiny" / task
 
 
 def pick_device(name: str) -> torch.device:
-    """The run's device; a CUDA device also becomes the current one, so that every library that
-    says just "cuda" (Ultralytics included) lands on it."""
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
+    """The run's device, indexed; a CUDA device also becomes the current one, so that every library
+    that says just "cuda" (Ultralytics included) lands on it."""
     try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise CheckpointError(f"device {name!r} is not a device; use auto, cpu, cuda or cuda:N") from None
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise CheckpointError(f"device {name!r} requested but CUDA is not available; use --device cpu")
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        if index >= torch.cuda.device_count():
-            raise CheckpointError(f"device {name!r}: only {torch.cuda.device_count()} CUDA device(s) here")
-        torch.cuda.set_device(index)
-        device = torch.device("cuda", index)
-    elif device.type != "cpu":
-        raise CheckpointError(f"device {name!r} is not supported; use auto, cpu, cuda or cuda:N")
-    return device
+        return resolve_device(name, make_current=True)
+    except DeviceError as exc:
+        raise CheckpointError(str(exc)) from None
 
 
 def checkpoint_sources(cfg: RunConfig) -> dict[str, Path]:
@@ -129,7 +120,8 @@ def build_stages(cfg: RunConfig, device: torch.device | None = None) -> Stages:
 
 def fastpath_from(cfg: RunConfig) -> FastPath:
     """The estimators' fast-path options of a run (validated by RunConfig.validate)."""
-    return FastPath(attention=cfg.attention, channels_last=cfg.channels_last, compile=cfg.compile)
+    return FastPath(attention=cfg.attention, channels_last=cfg.channels_last, compile=cfg.compile,
+                    cuda_graphs=cfg.cuda_graphs)
 
 
 def build_detector(cfg: RunConfig, device: torch.device, notes: list[str]) -> Detector:

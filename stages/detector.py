@@ -48,6 +48,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from stages.device import resolve_device
 from stages.types import Detections
 
 log = logging.getLogger(__name__)
@@ -348,8 +349,7 @@ class PersonDetector:
             raise ValueError(f"conf and iou must be within 0..1, got {conf} and {iou}")
         self.model, self.random_weights = load_yolo(model, trust)
         self.conf, self.iou, self.max_persons, self.imgsz = conf, iou, max_persons, imgsz
-        self.device = torch.device(device) if device is not None else torch.device(
-            "cuda" if torch.cuda.is_available() else "cpu")
+        self.device = resolve_device(device)
         self.half = bool(half and self.device.type == "cuda")
         self._checked_device = False
 
@@ -374,7 +374,7 @@ class PersonDetector:
         frames' boxes to the host. The same boxes as ``detect_batch`` (see stages.yolo_device)."""
         from .yolo_device import predict_on_device
 
-        want = _resolve(self.device)
+        want = self.device
         for image in images:
             if not isinstance(image, Tensor) or image.dtype != torch.uint8 or image.ndim != 3 or image.shape[0] != 3:
                 raise ValueError(f"detector input: expected a (3, H, W) uint8 tensor, got {getattr(image, 'shape', image)}")
@@ -385,9 +385,12 @@ class PersonDetector:
         if getattr(self.model, "predictor", None) is None:  # Ultralytics sets its predictor up on a first predict
             h, w = images[0].shape[1:]
             self._guarded(lambda: self.model.predict(np.zeros((h, w, 3), np.uint8), **self._kwargs()))
+            self._check_device()
+        running = self.inference_device()
+        if running is not None and running != want:  # the frames would meet the model on another device
+            return self.detect_batch([image.permute(1, 2, 0).cpu().numpy() for image in images])
         with torch.inference_mode():
             found = self._guarded(lambda: predict_on_device(self.model.predictor, list(images)))
-        self._check_device()
         host = torch.cat([d[:, :5] for d in found]).float().cpu().numpy()  # (sum n_i, 5): the one download
         out, start = [], 0
         for det in found:
@@ -414,26 +417,34 @@ class PersonDetector:
         finally:
             torch.set_num_threads(threads)  # Ultralytics resets the process's CPU thread count on every call
 
+    def inference_device(self) -> torch.device | None:
+        """Where Ultralytics runs the detector: its predictor's module (``setup_model`` deep-copies the
+        YOLO into an AutoBackend on the device; the wrapper's own ``model.model`` stays where it was
+        built, on the CPU). None before the first predict."""
+        backend = getattr(getattr(self.model, "predictor", None), "model", None)  # an AutoBackend
+        for module in (backend, getattr(getattr(backend, "backend", None), "model", None)):  # (8.4: backend.model)
+            param = next(module.parameters(), None) if isinstance(module, torch.nn.Module) else None
+            if param is not None:
+                return param.device
+        device = getattr(backend, "device", None)
+        return None if device is None else torch.device(device)
+
     def _check_device(self) -> None:
+        """Said once: a detector that runs elsewhere than asked still works (frames on the device go to
+        it through the host), so it is a warning, never an error."""
         if self._checked_device:
             return
         self._checked_device = True
-        module = getattr(self.model, "model", None)
-        param = next(module.parameters(), None) if isinstance(module, torch.nn.Module) else None
-        if param is not None and param.device != _resolve(self.device):
-            raise DetectorError(f"the detector ran on {param.device}, not on the requested {self.device}; "
-                                "pass --device with an index (cuda:N)")
+        running = self.inference_device()
+        if running is not None and running != self.device:
+            log.warning("the detector runs on %s, not on the requested %s (Ultralytics' choice): frames reach it "
+                        "through the host; pass --device with an index (cuda:N) to keep them on one device",
+                        running, self.device)
 
     def _detections(self, xyxy: np.ndarray, scores: np.ndarray) -> Detections:
         xyxy, scores = xyxy.astype(np.float32), scores.astype(np.float32)  # (N, 4), (N,)
         order = np.argsort(-scores, kind="stable")[: self.max_persons]
         return Detections(xyxy[order], scores[order], np.full(len(order), -1, np.int64))
-
-
-def _resolve(device: torch.device) -> torch.device:
-    if device.type == "cuda" and device.index is None:
-        return torch.device("cuda", torch.cuda.current_device())
-    return device
 
 
 class ByteTracker:

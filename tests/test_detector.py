@@ -3,6 +3,8 @@ ByteTrack ids, boxes carried between detector runs, and no device-wide synchroni
 
 from __future__ import annotations
 
+import logging
+
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -290,33 +292,53 @@ def test_detect_does_not_synchronise_the_device(monkeypatch) -> None:
     assert calls == ["other", threading.current_thread().name]  # and ours again afterwards
 
 
-class _ModelElsewhere(_FakeYolo):
-    """A YOLO whose layers sit on another device than the one asked for (Ultralytics' own device
-    choice after CUDA is initialised put YOLO on GPU 0 whatever --device said)."""
-
-    def __init__(self, device: str) -> None:
-        super().__init__()
-        self.model = torch.nn.Linear(2, 2, device=device)
-
-
-def test_the_run_device_reaches_the_detector_and_a_model_elsewhere_is_one_error(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_run_device_reaches_the_detector(monkeypatch: pytest.MonkeyPatch) -> None:
     from pipeline.config import RunConfig
     from pipeline.stages_setup import build_detector
 
     cfg = RunConfig(source="demo", detector="yolo", detector_model="yolo11n.yaml", det_imgsz=320)
     detector = build_detector(cfg, torch.device("cpu"), [])
     assert isinstance(detector, PersonDetector) and detector.device == torch.device("cpu")
-    image = np.zeros((32, 32, 3), np.uint8)
-    here = _ModelElsewhere("cpu")
-    monkeypatch.setattr(detector, "model", here)
-    detector.detect(image)
-    assert [kwargs["device"] for _, kwargs in here.calls] == [torch.device("cpu")]
+    fake = _FakeYolo()
+    monkeypatch.setattr(detector, "model", fake)
+    detector.detect(np.zeros((32, 32, 3), np.uint8))
+    assert [kwargs["device"] for _, kwargs in fake.calls] == [torch.device("cpu")]
 
+
+@pytest.mark.parametrize("path", ["host frames", "device frames"])
+def test_the_device_check_reads_the_module_that_runs(path: str, bus_rgb: np.ndarray, caplog) -> None:
+    """As on a GPU: Ultralytics' predictor runs a deep copy of the YOLO on the device, while the wrapper's
+    own module stays where it was built (2026-12-04: "the detector ran on cpu, not on the requested cuda:0"
+    ended every CUDA run at its first frame). Here the wrapper's module is moved away (to meta) once the
+    predictor is set up; the one that runs is on the requested device, and the run goes on."""
+    detector = PersonDetector("yolo11n.yaml", conf=0.01, imgsz=320, device="cpu")
+    detector.detect(bus_rgb)  # the predictor is set up (its AutoBackend holds its own copy)
+    detector.model.model.to("meta")
     detector._checked_device = False
-    monkeypatch.setattr(detector, "model", _ModelElsewhere("meta"))
-    with pytest.raises(DetectorError, match=r"ran on meta, not on the requested cpu.*--device"):
-        detector.detect(image)
+    with caplog.at_level(logging.WARNING):
+        if path == "host frames":
+            found = detector.detect(bus_rgb)
+        else:
+            found = detector.detect_tensors([torch.from_numpy(bus_rgb).permute(2, 0, 1).contiguous()])[0]
+    assert detector.inference_device() == torch.device("cpu") and "not on the requested" not in caplog.text
+    _check_valid(found, *bus_rgb.shape[:2], 16)
+
+
+def test_a_detector_running_elsewhere_warns_once_and_takes_the_frames_through_the_host(
+        bus_rgb: np.ndarray, monkeypatch: pytest.MonkeyPatch, caplog) -> None:
+    """Ultralytics put the model on another device than asked (cuda:0 for cuda:1): device frames would
+    meet it on the wrong device; they go through the host instead, with one warning, never an error."""
+    detector = PersonDetector("yolo11n.yaml", conf=0.01, imgsz=320, device="cpu")
+    host = detector.detect(bus_rgb)
+    monkeypatch.setattr(detector, "inference_device", lambda: torch.device("cuda", 1))
+    detector._checked_device = False
+    frames = [torch.from_numpy(bus_rgb).permute(2, 0, 1).contiguous()] * 2
+    with caplog.at_level(logging.WARNING):
+        found = detector.detect_tensors(frames) + detector.detect_tensors(frames)
+    warnings = [r.getMessage() for r in caplog.records if "requested" in r.getMessage()]
+    assert len(warnings) == 1 and "runs on cuda:1, not on the requested cpu" in warnings[0]
+    for det in found:
+        np.testing.assert_array_equal(det.boxes, host.boxes)
 
 
 def test_a_cuda_device_becomes_the_current_one(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -21,6 +21,7 @@ import torch
 from safetensors import safe_open
 from torch import Tensor
 
+from ..device import resolve_device
 from .config import ConfigError, Sapiens2Config
 from .configjson import config_from_json, infer_config
 from .model import Sapiens2
@@ -197,7 +198,7 @@ def load_model(
     dtype: float32 | bfloat16 | float16 (default: bfloat16 on CUDA, float32 on CPU). float16 keeps
     the residual stream and norms in float32.
     """
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = resolve_device(device)
     dtype = parse_dtype(dtype, device)
     cfg, sd, meta, where = load_state(source, image_size)
     sd = normalise_original(sd, cfg)
