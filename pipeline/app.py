@@ -265,6 +265,7 @@ def run_pipeline(cfg: RunConfig, stop: threading.Event | None = None) -> int:
     try:
         stats = runner.run()
     finally:
+        stages.close()
         _close_all(services)
         display.close()
     if stats.error is not None:
@@ -382,14 +383,15 @@ def assemble(cfg: RunConfig, sources: Source | list[Source], stages: Stages, sin
     engine = FrameEngine(stages, cfg.kpt_threshold, cfg.detect_every, smoother, pinned=cfg.pinned_memory,
                          track=cfg.track, keypoints3d=lift_of(cfg), pointmap_every=cfg.pointmap_every,
                          beta3d=cfg.smooth_beta3d)
-    if cfg.compile != "off" or stages.device.type == "cuda":
-        # Every input shape once before the first frame, each stage on the stream that runs it:
-        # compiles, CUDA-graph recording and cuDNN autotuning happen here, not mid-stream.
+    if stages.device.type == "cuda" or any(est.needs_warm_up for est in stages.estimators.values()):
+        # Before the first frame, each stage on the stream that runs it: every fast path checked against
+        # eager, every input shape run once (CUDA graphs captured, cuDNN tuned); compiling starts after.
         seconds = engine.warm_up(cfg.max_persons * max(1, max_frames_per_step), max(1, max_frames_per_step),
                                  tuple((s.info.height, s.info.width) for s in sources))
         stages.warmup_s = seconds
-        log.info("%s %.1f s (%s)", "compile warm-up" if cfg.compile != "off" else "warm-up", sum(seconds.values()),
-                 ", ".join(f"{t} {s:.1f} s" for t, s in seconds.items()))
+        log.info("warm-up %.1f s (%s)%s", sum(seconds.values()),
+                 ", ".join(f"{t} {s:.1f} s" for t, s in seconds.items()),
+                 "; compiling in the background, each input shape switches when ready" if cfg.compile != "off" else "")
     counts = [s.frame_count for s in sources]
     total = None if any(c is None for c in counts) else sum(min(c, cfg.max_frames or c) for c in counts)
     display = Display(sources, cfg.progress, total)

@@ -23,7 +23,7 @@ from sapiens2_client.endpoints import check_endpoint
 from sapiens2_client.wire import check_source_id
 from stages.errors import ConfigError
 from stages.sapiens2.config import TASKS
-from stages.sapiens2.switches import ATTENTION_NAMES, COMPILE_MODES
+from stages.sapiens2.switches import ATTENTION_NAMES, COMPILE_MODES, CUDA_GRAPHS
 
 from .mocap.options import MocapFields
 from .options import option, parse_auto_bool, parse_checkpoint, parse_size
@@ -77,13 +77,16 @@ class RunConfig(MocapFields):  # the motion-capture keys: pipeline/mocap/options
     dense_input: list[int] = option(help="seg/matting/normal/pointmap input HxW", parse=parse_size, metavar="HxW",
                                     factory=lambda: [1024, 768])
     flip_test: bool = option(False, "average with mirrored crops (2x pose cost)")
-    # GPU fast path (stages.sapiens2.fastpath): every option leaves the outputs unchanged
+    # GPU fast paths (stages.sapiens2.fastpath): each checked against eager at warm-up, off if it disagrees
     attention: str = option("auto", "SDPA kernels for attention (CUDA-only choices fall back to auto elsewhere)",
                             choices=list(ATTENTION_NAMES))
-    channels_last: bool | None = option(None, "decode heads in channels_last memory format (auto: on for CUDA)",
+    channels_last: bool | None = option(None, "decode heads in channels_last memory format (auto: off)",
                                         parse=parse_auto_bool, metavar="{auto,on,off}")
-    compile: str = option("off", "torch.compile the models; reduce-overhead and max-autotune capture CUDA graphs; "
-                                 "compiles at start-up, logged", choices=list(COMPILE_MODES))
+    compile: str = option("off", "torch.compile the models in the background (the run starts eager, each shape "
+                                 "switches when compiled; kept across runs in the cache folder)",
+                          choices=list(COMPILE_MODES))
+    cuda_graphs: str = option("auto", "replay each stage's forward as a CUDA graph per input shape (auto: on for "
+                                      "CUDA)", choices=list(CUDA_GRAPHS))
     pose_buckets: bool = option(True, "pad the person batch to 1/2/4/8/16 (--no-pose-buckets: exactly the "
                                       "person count)")
     pinned_memory: bool = option(True, "copy frames and results through page-locked buffers (--no-pinned-memory: "

@@ -79,7 +79,7 @@ class FrameEngine(PrecisionFallback):
         self.sources: dict[str, SourceState] = {}
         self.on_precision_change: Callable[[], None] | None = None  # after a float16 -> bfloat16 fallback
         self._warmed: tuple[int, int] | None = None  # (max persons, max frames) of warm_up, once it ran
-        graphs = [t for t, est in stages.estimators.items() if est.fastpath.cuda_graphs]
+        graphs = [t for t, est in stages.estimators.items() if est.fastpath.graphs]
         if self.cuda and graphs:
             # Each estimator captures its graphs on its own lane, in its own memory pool
             # (stages.sapiens2.graphs): replays on different streams share no memory.

@@ -184,7 +184,7 @@ def completed(folder: Path, fingerprint: dict[str, Any] | None = None) -> dict[s
 
 
 # Settings that change nothing in the outputs (where and how fast it runs, what else is served).
-UNCHANGING = frozenset({"device", "attention", "channels_last", "compile", "pose_buckets", "gpu_jpeg",
+UNCHANGING = frozenset({"device", "attention", "channels_last", "compile", "cuda_graphs", "pose_buckets", "gpu_jpeg",
                         "log_level", "progress", "show", "metrics", "view", "view_token", "control", "publish",
                         "publish_connect", "curve_dir", "curve_client", "fallback_tiny"})
 

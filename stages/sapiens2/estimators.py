@@ -22,11 +22,13 @@ from torch import Tensor
 from ..types import Keypoints, Matte
 from .buckets import bucket, bucket_sizes
 from .config import check_image_size
-from .fastpath import FastPath, attention_context, compile_model
+from .fastpath import FastPath
+from .forward import FastForward
 from .model import Sapiens2
 from .postprocess import composite, decode_pose, flip_back, matting_maps, normal_maps, pointmaps, seg_classes
 from .preprocess import crop_persons, resize_full, resize_pad, to_device_image
-from .weights import load_model
+from .verify import check_image
+from .weights import cache_root, load_model
 
 log = logging.getLogger(__name__)
 
@@ -55,17 +57,30 @@ class _Estimator:
         self.input_size = tuple(input_size or self.model.cfg.image_size)
         check_image_size(self.input_size, self.model.cfg.patch_size)
         self._requested = fastpath or FastPath()
+        self._forward: FastForward | None = None
         self._setup_forward()
 
     def _setup_forward(self) -> None:
-        self.fastpath = self._requested.resolve(self.model, self.input_size)
-        self.model.set_channels_last(bool(self.fastpath.channels_last))
-        self._forward = compile_model(self.model, self.fastpath.compile, self.input_size)
-        log.info("%s fast path: %s", self.task, self.fastpath.describe(self.model))
+        if self._forward is not None:
+            self._forward.close()
+        fastpath = self._requested.resolve(self.model, self.input_size)
+        self.model.set_channels_last(bool(fastpath.channels_last))
+        self._forward = FastForward(self.model, fastpath, self.task, cache_root())
+        log.info("%s fast path: %s", self.task, fastpath.describe())
+
+    @property
+    def fastpath(self) -> FastPath:
+        """The fast path in use: resolved for the device, less what failed its check."""
+        return self._forward.fastpath
+
+    @property
+    def needs_warm_up(self) -> bool:
+        """Whether ``warmup`` has a fast path to check, graphs to capture or shapes to compile."""
+        return self.fastpath.needs_warm_up or self.model.dtype == torch.float16
 
     def set_dtype(self, dtype: torch.dtype) -> None:
         """Cast the model to another compute dtype (e.g. float16 -> bfloat16 after an overflow) and
-        set its forward up again (attention kernels are probed and graphs compiled for the new dtype)."""
+        set its forward up again (attention kernels probed, graphs captured again for the new dtype)."""
         self.model.set_precision(dtype)
         self._setup_forward()
 
@@ -81,44 +96,56 @@ class _Estimator:
         return to_device_image(image, self.device)
 
     def forward(self, pixels: Tensor) -> tuple[Tensor, Tensor | None]:
-        """The model's raw outputs under the fast-path options (attention kernels, compiled graph)."""
-        with attention_context(self.fastpath.attention):
-            maps, scale = self._forward(pixels.contiguous() if self.fastpath.compile != "off" else pixels)
-        if self.fastpath.cuda_graphs:
-            # Graph outputs are static tensors the next replay overwrites; later stages and downloads
-            # keep references past it, so hand out copies (made on this stream, before that replay).
-            maps, scale = maps.clone(), None if scale is None else scale.clone()
-        return maps, scale
+        """The model's raw outputs through the fast path (checked, compiled when ready, CUDA graphs)."""
+        return self._forward(pixels)
 
     def warmup_batches(self, max_batch: int) -> list[int]:
         """Batch sizes this estimator will see: frames per step for the full-frame stages (1 to
         ``max_batch`` sources), person buckets for pose."""
         return list(range(1, max(1, max_batch) + 1))
 
-    def _warmup_once(self, image: Tensor, batch: int) -> None:
+    def pixels(self, image: Tensor, batch: int) -> Tensor:
+        """The model input of ``batch`` copies of one (3, H, W) uint8 frame (pose: its full-frame box)."""
         pixels = self.preprocess(image)
-        self.infer(pixels.expand(batch, *pixels.shape[1:]))
+        return pixels.expand(batch, *pixels.shape[1:])
+
+    def _warmup_once(self, image: Tensor, batch: int) -> None:
+        self.infer(self.pixels(image, batch))
 
     @torch.inference_mode()
     def warmup(self, max_batch: int = 8) -> float:
-        """Run every input shape once (three times under CUDA graphs: warm-up, record, replay), on
-        the current stream: call it on the stream that will replay the graphs.
+        """Check every fast path against eager, run every input shape (twice under CUDA graphs: once
+        as it is, once captured and replayed) on the current stream (call it on the stream that will
+        replay the graphs), then start compiling in the background (``compile``).
 
-        Returns the seconds it took: with ``compile`` on, that is the compile cost a stream would
-        otherwise pay on its first frames. Outputs are discarded.
+        Returns the seconds it took. Outputs are discarded.
         """
+        start = time.perf_counter()
+        check = self.image_tensor(check_image(self.input_size))  # (3, H, W)
+        self._forward.check_switches(self.pixels(check, 1))
         h, w = self.input_size
         image = self.image_tensor(np.zeros((h, w, 3), np.uint8))  # (3, H, W), laid out as real frames
-        runs = 3 if self.fastpath.cuda_graphs else 1
-        start = time.perf_counter()
+        runs = 2 if self.fastpath.graphs else 1
         for batch in self.warmup_batches(max_batch):
             for _ in range(runs):
                 self._warmup_once(image, batch)
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()
         seconds = time.perf_counter() - start
-        log.info("%s warm-up (%s) %.1f s", self.task, self.fastpath.describe(), seconds)
+        graphs = self._forward.graphs
+        captured = f", {len(graphs.captures)} CUDA graphs captured" if graphs is not None else ""
+        log.info("%s warm-up (%s) %.1f s%s", self.task, self.fastpath.describe(), seconds, captured)
+        device = self.device
+        self._forward.start_compile(lambda shape, dtype: torch.zeros(shape, dtype=dtype, device=device))
         return seconds
+
+    def wait_compiled(self, timeout: float | None = None) -> bool:
+        """Until every input shape seen is compiled (``compile`` on): True when all are ready."""
+        return self._forward.wait_compiled(timeout)
+
+    def close(self) -> None:
+        """Stop compiling in the background (the forward keeps working)."""
+        self._forward.close()
 
 
 class PoseEstimator(_Estimator):
@@ -168,10 +195,13 @@ class PoseEstimator(_Estimator):
         """Every bucket up to max_batch persons (every person count when buckets are off)."""
         return bucket_sizes(max_batch) if self.buckets else list(range(1, max(1, max_batch) + 1))
 
-    def _warmup_once(self, image: Tensor, batch: int) -> None:
+    def pixels(self, image: Tensor, batch: int) -> Tensor:
         h, w = image.shape[1:]
         boxes = torch.tensor([[0.0, 0.0, w - 1.0, h - 1.0]], device=self.device).expand(batch, 4)
-        self.infer(self.preprocess(image, boxes), batch)
+        return self.preprocess(image, boxes)
+
+    def _warmup_once(self, image: Tensor, batch: int) -> None:
+        self.infer(self.pixels(image, batch), batch)
 
     def postprocess(self, heatmaps: Tensor, boxes: Tensor) -> tuple[Tensor, Tensor]:
         return decode_pose(heatmaps, boxes, self.input_size, self.blur_kernel, self.padding, self.max_refine_offset)

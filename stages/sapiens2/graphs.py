@@ -1,22 +1,19 @@
-"""CUDA graphs of a compiled forward, each captured on its stage's own stream in its stage's own pool.
+"""CUDA graphs of a stage's forward (eager or compiled), each captured on the stage's own stream in
+the stage's own memory pool, and checked against the forward it replays.
 
-Inductor's own CUDA graphs (``reduce-overhead``, ``max-autotune``) keep one tree of graphs per thread
-and device with one memory pool, and assume its graphs replay one after another: the graphs of two
-stages replayed at once on two streams could overwrite each other's memory, so every stage had to
-run on one stream and the detector waited behind the dense work. Here Inductor compiles the same
-kernels without graphs (``no_graph_options``) and each estimator captures its own (``LaneGraphs``):
+- One graph per forward kind ("eager", "compiled"), input (shape, dtype) and stream, captured on
+  the stream current at capture (in the engine, the stage's lane: cuBLAS keeps a workspace per
+  stream, and a graph replays where it was captured).
+- One private memory pool per estimator: its graphs share memory with each other only, and they
+  replay in order on their stage's stream, never at the same time as each other. Inductor's own
+  graphs (``reduce-overhead``) keep one pool per thread and assume one replay at a time, so the
+  compile modes run Inductor's kernels without them (``no_graph_options``) inside ours.
+- The first call of a key runs the forward as it is (cuDNN and cuBLAS set up, compiled kernels
+  tuned: nothing of that may happen inside a capture); the second captures, replays, and compares
+  the replay with the forward run outside the graph on the same input. A capture that fails or
+  disagrees raises ``GraphFailure``: the caller switches graphs off for the run.
 
-- one graph per input (shape, dtype) and stream, captured on the stream current at capture (in the
-  engine, the stage's lane: the graph replays where it was captured; cuBLAS keeps one workspace per
-  stream, and a graph captured on one stream and replayed on another beside eager work on the first
-  would share it with that work);
-- one private memory pool per estimator: its graphs share memory with each other only, and they
-  replay in order on their stage's stream, never at the same time as each other;
-- the first call of a shape runs the compiled function (compiling, autotuning, cuDNN and cuBLAS set
-  up: nothing of that may happen inside a capture), the second captures and replays, later ones
-  replay. A graph is not tied to a thread: a warm-up on one thread serves replays on another.
-
-The outputs are the graph's static tensors, rewritten by its next replay: the estimator copies them.
+The outputs are the graph's static tensors, rewritten by its next replay: callers copy them.
 """
 
 from __future__ import annotations
@@ -29,9 +26,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .verify import mismatch, raised
+
 log = logging.getLogger(__name__)
 
 Forward = Callable[[Tensor], tuple[Tensor, Tensor | None]]
+
+
+class GraphFailure(RuntimeError):
+    """A CUDA graph could not be captured, or its replay disagreed with the forward it captured."""
 
 
 def no_graph_options(mode: str) -> dict[str, Any]:
@@ -49,41 +52,61 @@ class _Captured:
 
 
 class LaneGraphs:
-    """``fn`` (a compiled forward) replayed as CUDA graphs: see the module docstring."""
+    """Forwards replayed as CUDA graphs: see the module docstring."""
 
-    def __init__(self, fn: Forward, device: torch.device, warm_runs: int = 1) -> None:
-        self.fn, self.device, self.warm_runs = fn, device, warm_runs
+    def __init__(self, device: torch.device, warm_runs: int = 1) -> None:
+        self.device, self.warm_runs = device, warm_runs
         self.pool: Any = None  # this estimator's private memory pool (made at the first capture)
         self.graphs: dict[tuple, _Captured] = {}
         self.runs: dict[tuple, int] = {}
-        self.captures: list[tuple[tuple[int, ...], int]] = []  # (shape, stream) of each capture, for reports
+        self.captures: list[tuple[str, tuple[int, ...], int]] = []  # (kind, shape, stream) of each capture
 
-    def __call__(self, pixels: Tensor) -> tuple[Tensor, Tensor | None]:
+    def __call__(self, kind: str, fn: Forward, pixels: Tensor) -> tuple[Tensor, Tensor | None]:
         stream = torch.cuda.current_stream(self.device)
-        key = (tuple(pixels.shape), pixels.dtype, stream.cuda_stream)
+        key = (kind, tuple(pixels.shape), pixels.dtype, stream.cuda_stream)
         captured = self.graphs.get(key)
         if captured is None:
             if self.runs.get(key, 0) < self.warm_runs:
                 self.runs[key] = self.runs.get(key, 0) + 1
-                return self.fn(pixels.contiguous())  # the layout the capture will have: no recompile in it
-            captured = self._capture(pixels, stream)
+                return fn(pixels.contiguous())  # the layout the capture will have: no recompile in it
+            captured = self._capture(kind, fn, pixels, stream)
             self.graphs[key] = captured
-        else:
-            captured.pixels.copy_(pixels)  # (B, 3, h, w)
+            return captured.outputs
+        captured.pixels.copy_(pixels)  # (B, 3, h, w)
         captured.graph.replay()
         return captured.outputs
 
-    def _capture(self, pixels: Tensor, stream: Any) -> _Captured:
+    def has(self, kind: str, pixels: Tensor) -> bool:
+        """Whether a graph of this kind is captured for this input on the current stream."""
+        stream = torch.cuda.current_stream(self.device)
+        return (kind, tuple(pixels.shape), pixels.dtype, stream.cuda_stream) in self.graphs
+
+    def drop(self, kind: str, shape: tuple[int, ...]) -> None:
+        """Forget the graphs of a kind for an input shape (replaced by another kind's)."""
+        for key in [k for k in self.graphs if k[0] == kind and k[1] == shape]:
+            del self.graphs[key]
+
+    def _capture(self, kind: str, fn: Forward, pixels: Tensor, stream: Any) -> _Captured:
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
         static = pixels.contiguous().clone()  # (B, 3, h, w): holds this call's input already
         graph = torch.cuda.CUDAGraph()
-        # thread_local: another thread's CUDA calls (a sink's JPEG encode) do not break the capture
-        with torch.cuda.graph(graph, pool=self.pool, stream=stream, capture_error_mode="thread_local"):
-            outputs = self.fn(static)
-        self.captures.append((tuple(pixels.shape), stream.cuda_stream))
-        log.debug("CUDA graph captured: input %s on stream %#x", tuple(pixels.shape), stream.cuda_stream)
+        try:
+            # thread_local: another thread's CUDA calls (a sink's JPEG encode) do not break the capture
+            with torch.cuda.graph(graph, pool=self.pool, stream=stream, capture_error_mode="thread_local"):
+                outputs = fn(static)
+            graph.replay()
+            expected = fn(static.clone())  # the same forward outside the graph, on the same input
+        except Exception as exc:  # a capture that fails leaves the forward as it was: the caller goes on without
+            raise GraphFailure(f"capturing the {kind} forward for input {tuple(pixels.shape)} raised "
+                               f"{raised(exc)}") from exc
+        reason = mismatch(outputs, expected, outputs[0].dtype)
+        if reason is not None:
+            raise GraphFailure(f"the {kind} graph for input {tuple(pixels.shape)}: {reason}")
+        self.captures.append((kind, tuple(pixels.shape), stream.cuda_stream))
+        log.debug("CUDA graph captured: %s forward, input %s on stream %#x", kind, tuple(pixels.shape),
+                  stream.cuda_stream)
         return _Captured(graph, static, outputs)
 
 
-__all__ = ["LaneGraphs", "no_graph_options"]
+__all__ = ["GraphFailure", "LaneGraphs", "no_graph_options"]

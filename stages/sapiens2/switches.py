@@ -5,3 +5,4 @@ from __future__ import annotations
 
 ATTENTION_NAMES = ("auto", "flash", "efficient", "cudnn", "math")
 COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+CUDA_GRAPHS = ("auto", "on", "off")

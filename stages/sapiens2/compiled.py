@@ -1,0 +1,180 @@
+"""torch.compile of a stage's forward: compiled in a background thread while the stage runs eager,
+its artefacts kept across runs in the user's cache folder.
+
+- ``compile_model``: the forward (the attention-kernel choice inside it) compiled with static shapes
+  and ``fullgraph`` (a graph break is an error, not a silent slowdown), Inductor's own CUDA graphs
+  off (the estimator captures its own: stages.sapiens2.graphs).
+- ``use_persistent_cache``: Inductor's caches (FX graphs, Triton kernels, autotuning) in
+  ``<cache>/compile/<torch version>/<device>/`` instead of a temporary folder, so a second start
+  finds every shape compiled (Inductor keys each entry by graph, input shapes and settings).
+- ``BackgroundCompile``: a daemon thread that compiles shape after shape on a stream of its own and
+  says when each is ready; the estimator switches a shape to its compiled forward only after
+  checking it against eager (stages.sapiens2.forward).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import queue
+import re
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from .fastpath import attention_context
+from .graphs import no_graph_options
+from .model import Sapiens2
+from .verify import raised
+
+log = logging.getLogger(__name__)
+
+Forward = Callable[[Tensor], tuple[Tensor, Tensor | None]]
+_cache_lock = threading.Lock()
+_turn = threading.Lock()  # one shape compiles at a time, whichever stage it is for
+_USER_CACHE_DIR = os.environ.get("TORCHINDUCTOR_CACHE_DIR")  # set by the user before we ran: theirs is kept
+
+
+def compile_model(model: Sapiens2, mode: str, attention: str = "auto") -> Forward:
+    """The model's forward under ``attention`` compiled with static shapes. Callers pass contiguous
+    inputs: dynamo guards on strides and sizes, so any other layout or size compiles again."""
+    # Every estimator's forward shares one code object, and so one recompile budget (8 by default):
+    # pose buckets (x2 with flip test) plus the dense tasks need more before dynamo gives up.
+    config = torch._dynamo.config
+    config.recompile_limit = max(config.recompile_limit, 64)
+
+    def forward(pixels: Tensor) -> tuple[Tensor, Tensor | None]:
+        with attention_context(attention):  # traced into the graph: no global switch at run time
+            return model(pixels)
+
+    return torch.compile(forward, options=no_graph_options(mode), dynamic=False, fullgraph=True)
+
+
+def device_label(device: torch.device) -> str:
+    """A folder-safe name of the device whose compiled kernels a cache folder holds."""
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        name = f"{torch.cuda.get_device_name(device)}-sm{major}{minor}"
+    else:
+        name = device.type
+    return re.sub(r"[^\w.+-]+", "-", name).strip("-")
+
+
+def use_persistent_cache(root: Path, device: torch.device) -> Path | None:
+    """Point Inductor's caches at ``root/compile/<torch>/<device>`` (once per process); the folder, or
+    None when the user set TORCHINDUCTOR_CACHE_DIR (theirs is kept) or it cannot be made."""
+    if _USER_CACHE_DIR is not None:
+        return None
+    with _cache_lock:
+        folder = root / "compile" / re.sub(r"[^\w.+-]+", "-", torch.__version__) / device_label(device)
+        try:
+            folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        except OSError as exc:
+            log.warning("compiled kernels are not kept across runs: cannot create %s (%s)", folder, exc.strerror)
+            return None
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder)
+        return folder
+
+
+class BackgroundCompile:
+    """Compiles a forward for one input shape after another on a daemon thread and a stream of its own.
+
+    ``submit(shape)`` queues a shape (each once); ``ready(shape)`` says whether it is compiled;
+    ``lock`` is held while the thread runs the compiled forward, and whoever else runs it takes the
+    lock without waiting (dynamo is not made for two threads at once). ``on_ready(shape, seconds,
+    from_cache)`` is called from the thread as each shape is done. ``failed`` holds the reason
+    once compiling raised: the thread stops and the caller switches compile off.
+    """
+
+    def __init__(self, compiled: Forward, make_input: Callable[[tuple[int, ...]], Tensor], device: torch.device,
+                 task: str, on_ready: Callable[[tuple[int, ...], float, bool], None] | None = None) -> None:
+        self.compiled, self.make_input, self.device, self.task = compiled, make_input, device, task
+        self.on_ready = on_ready
+        self.lock = threading.Lock()
+        self.failed: str | None = None
+        self.started = time.perf_counter()
+        self._ready: dict[tuple[int, ...], float] = {}  # shape -> seconds its compile took
+        self._queued: set[tuple[int, ...]] = set()
+        self._queue: queue.SimpleQueue[tuple[int, ...] | None] = queue.SimpleQueue()
+        self._stop = threading.Event()
+        self._idle = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name=f"compile-{task}", daemon=True)
+        self._thread.start()
+
+    def submit(self, shape: tuple[int, ...]) -> None:
+        if shape not in self._queued and self.failed is None:
+            self._queued.add(shape)
+            self._queue.put(shape)
+
+    def ready(self, shape: tuple[int, ...]) -> bool:
+        return shape in self._ready
+
+    def seconds(self, shape: tuple[int, ...]) -> float:
+        """How long compiling ``shape`` took (0 when it is not compiled)."""
+        return self._ready.get(shape, 0.0)
+
+    def pending(self) -> int:
+        """Shapes queued and not compiled yet."""
+        return len(self._queued) - len(self._ready)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Until every queued shape is compiled, compiling failed, or ``timeout``; True when all are ready."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._idle:
+            while self.pending() and self.failed is None and self._thread.is_alive():
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    break
+                self._idle.wait(left)
+        return not self.pending() and self.failed is None
+
+    def close(self) -> None:
+        """Stop after the shape being compiled (a compile in progress cannot be interrupted)."""
+        self._stop.set()
+        self._queue.put(None)
+
+    def _run(self) -> None:
+        stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        while not self._stop.is_set():
+            shape = self._queue.get()
+            if shape is None or self._stop.is_set():
+                break
+            try:
+                with _turn, self.lock, torch.inference_mode(), _on(stream):
+                    t0, before = time.perf_counter(), cache_counts()
+                    self.compiled(self.make_input(shape))
+                    if stream is not None:
+                        stream.synchronize()
+                    seconds, (hits, misses) = time.perf_counter() - t0, cache_counts(before)
+            except Exception as exc:  # the stage stays on its eager forward; the caller says so once
+                self.failed = f"compiling input {shape} raised {raised(exc)}"
+                log.debug("%s: compile failed", self.task, exc_info=True)
+            else:
+                self._ready[shape] = seconds
+                if self.on_ready is not None:
+                    self.on_ready(shape, seconds, hits > 0 and misses == 0)
+            with self._idle:
+                self._idle.notify_all()
+            if self.failed is not None:
+                break
+
+
+def cache_counts(since: tuple[int, int] = (0, 0)) -> tuple[int, int]:
+    """Inductor's compiled-graph cache hits and misses in this process (less ``since``)."""
+    from torch._dynamo.utils import counters
+
+    hits = counters["inductor"]["fxgraph_cache_hit"] + counters["aot_autograd"]["autograd_cache_hit"]
+    misses = counters["inductor"]["fxgraph_cache_miss"]
+    return hits - since[0], misses - since[1]
+
+
+def _on(stream: torch.cuda.Stream | None) -> contextlib.AbstractContextManager:
+    return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+
+
+__all__ = ["BackgroundCompile", "cache_counts", "compile_model", "device_label", "use_persistent_cache"]
