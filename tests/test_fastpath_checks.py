@@ -131,8 +131,8 @@ def test_channels_last_that_disagrees_is_switched_off(monkeypatch, caplog) -> No
 
 # -- compile -------------------------------------------------------------------------------
 def _compiled_stand_in(monkeypatch, make) -> None:
-    """compile_model returns ``make(model)`` instead of torch.compile's function."""
-    monkeypatch.setattr(forward_mod, "compile_model", lambda model, mode, attention="auto": make(model))
+    """compile_model's compiled forwards are ``make(model)`` instead of torch.compile's."""
+    monkeypatch.setattr(forward_mod, "compile_model", lambda model, mode, attention="auto": lambda shape: make(model))
 
 
 @pytest.mark.parametrize("fault", ["wrong", "raises when compiled", "raises when used"])

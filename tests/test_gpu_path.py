@@ -59,8 +59,8 @@ def test_compile_is_fullgraph(pose_dir: Path, monkeypatch: pytest.MonkeyPatch) -
     pose = ESTIMATORS["pose"](load_model(pose_dir, device="cpu"), fastpath=FastPath(compile="default"))
     assert not seen  # nothing compiles before the warm-up: the stage starts eager
     pose.warmup(max_batch=1)
-    assert seen and seen[0]["fullgraph"] is True and seen[0]["dynamic"] is False
     assert pose.wait_compiled(timeout=60)
+    assert seen and seen[0]["fullgraph"] is True and seen[0]["dynamic"] is False
     pose.close()
 
 

@@ -137,8 +137,11 @@ def test_compile_modes_compile_without_inductors_graphs(mode: str, autotune: boo
     seen: list[dict] = []
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: (seen.append(kw), fn)[1])
     model = random_init(Sapiens2(tiny_config("pose", image_size=SIZE)), seed=0)
-    forward = compile_model(model, mode)
-    (kwargs,) = seen
+    make = compile_model(model, mode)
+    forward, another = make((1, 3, *SIZE)), make((2, 3, *SIZE))
+    assert forward.__code__ is not another.__code__  # a dynamo cache per shape: none recompiles for another
+    assert forward.__code__.co_name == "forward_1x3x64x48"  # the same in every run: the kept cache finds it
+    kwargs = seen[0]
     assert "mode" not in kwargs and kwargs["options"]["triton.cudagraphs"] is False
     assert bool(kwargs["options"].get("max_autotune", False)) is autotune
     assert kwargs["fullgraph"] is True and kwargs["dynamic"] is False

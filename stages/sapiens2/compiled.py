@@ -1,15 +1,16 @@
 """torch.compile of a stage's forward: compiled in a background thread while the stage runs eager,
 its artefacts kept across runs in the user's cache folder.
 
-- ``compile_model``: the forward (the attention-kernel choice inside it) compiled with static shapes
-  and ``fullgraph`` (a graph break is an error, not a silent slowdown), Inductor's own CUDA graphs
-  off (the estimator captures its own: stages.sapiens2.graphs).
+- ``compile_model``: compiled forwards (the attention-kernel choice inside) with static shapes and
+  ``fullgraph`` (a graph break is an error, not a silent slowdown), Inductor's own CUDA graphs off
+  (the estimator captures its own: stages.sapiens2.graphs); one per input shape, each with a dynamo
+  cache of its own, so the stage's thread runs compiled code while another shape compiles.
 - ``use_persistent_cache``: Inductor's caches (FX graphs, Triton kernels, autotuning) in
   ``<cache>/compile/<torch version>/<device>/`` instead of a temporary folder, so a second start
   finds every shape compiled (Inductor keys each entry by graph, input shapes and settings).
-- ``BackgroundCompile``: a daemon thread that compiles shape after shape on a stream of its own and
-  says when each is ready; the estimator switches a shape to its compiled forward only after
-  checking it against eager (stages.sapiens2.forward).
+- ``BackgroundCompile``: a daemon thread that compiles shape after shape on a stream of its own (the
+  shapes a stage uses first) and says when each is ready; the estimator switches a shape to its
+  compiled forward only after checking it against eager (stages.sapiens2.forward).
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import queue
 import re
 import threading
 import time
+import types
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
@@ -37,14 +39,17 @@ log = logging.getLogger(__name__)
 Forward = Callable[[Tensor], tuple[Tensor, Tensor | None]]
 _cache_lock = threading.Lock()
 _turn = threading.Lock()  # one shape compiles at a time, whichever stage it is for
+# Inductor's C++ toolchain probe logs "No CUDA runtime is found" on every CPU-only machine: not news to a user.
+logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
 _USER_CACHE_DIR = os.environ.get("TORCHINDUCTOR_CACHE_DIR")  # set by the user before we ran: theirs is kept
 
 
-def compile_model(model: Sapiens2, mode: str, attention: str = "auto") -> Forward:
-    """The model's forward under ``attention`` compiled with static shapes. Callers pass contiguous
-    inputs: dynamo guards on strides and sizes, so any other layout or size compiles again."""
-    # Every estimator's forward shares one code object, and so one recompile budget (8 by default):
-    # pose buckets (x2 with flip test) plus the dense tasks need more before dynamo gives up.
+def compile_model(model: Sapiens2, mode: str, attention: str = "auto") -> Callable[[tuple[int, ...]], Forward]:
+    """A maker of compiled forwards of the model under ``attention``, one per input shape, each with a
+    code object, and so a dynamo cache, of its own (named after the shape: the same name in every run,
+    so Inductor's kept cache finds it): one that serves a shape never compiles again while another
+    shape compiles in the background. Static shapes, ``fullgraph``; callers pass contiguous inputs
+    (dynamo guards on strides and sizes)."""
     config = torch._dynamo.config
     config.recompile_limit = max(config.recompile_limit, 64)
 
@@ -52,7 +57,13 @@ def compile_model(model: Sapiens2, mode: str, attention: str = "auto") -> Forwar
         with attention_context(attention):  # traced into the graph: no global switch at run time
             return model(pixels)
 
-    return torch.compile(forward, options=no_graph_options(mode), dynamic=False, fullgraph=True)
+    def make(shape: tuple[int, ...]) -> Forward:
+        code = forward.__code__.replace(co_name=f"forward_{'x'.join(map(str, shape))}")
+        fresh = types.FunctionType(code, forward.__globals__, code.co_name, forward.__defaults__,
+                                   forward.__closure__)
+        return torch.compile(fresh, options=no_graph_options(mode), dynamic=False, fullgraph=True)
+
+    return make
 
 
 def device_label(device: torch.device) -> str:
@@ -84,70 +95,84 @@ def use_persistent_cache(root: Path, device: torch.device) -> Path | None:
 class BackgroundCompile:
     """Compiles a forward for one input shape after another on a daemon thread and a stream of its own.
 
-    ``submit(shape)`` queues a shape (each once); ``ready(shape)`` says whether it is compiled;
-    ``lock`` is held while the thread runs the compiled forward, and whoever else runs it takes the
-    lock without waiting (dynamo is not made for two threads at once). ``on_ready(shape, seconds,
-    from_cache)`` is called from the thread as each shape is done. ``failed`` holds the reason
-    once compiling raised: the thread stops and the caller switches compile off.
+    ``submit(shape)`` queues a shape (each once; ``first=True``: ahead of the others, for a shape the
+    stage is using now); ``compiled_for(shape)`` is its compiled forward once ready, else None.
+    ``on_ready(shape, seconds, from_cache)`` is called from the thread as each shape is done.
+    ``failed`` holds the reason once compiling raised: the thread stops and the caller switches
+    compile off.
     """
 
-    def __init__(self, compiled: Forward, make_input: Callable[[tuple[int, ...]], Tensor], device: torch.device,
-                 task: str, on_ready: Callable[[tuple[int, ...], float, bool], None] | None = None) -> None:
-        self.compiled, self.make_input, self.device, self.task = compiled, make_input, device, task
+    def __init__(self, make: Callable[[tuple[int, ...]], Forward], make_input: Callable[[tuple[int, ...]], Tensor],
+                 device: torch.device, task: str,
+                 on_ready: Callable[[tuple[int, ...], float, bool], None] | None = None) -> None:
+        self.make, self.make_input, self.device, self.task = make, make_input, device, task
         self.on_ready = on_ready
-        self.lock = threading.Lock()
         self.failed: str | None = None
         self.started = time.perf_counter()
-        self._ready: dict[tuple[int, ...], float] = {}  # shape -> seconds its compile took
+        self._compiled: dict[tuple[int, ...], Forward] = {}
+        self._seconds: dict[tuple[int, ...], float] = {}
         self._queued: set[tuple[int, ...]] = set()
-        self._queue: queue.SimpleQueue[tuple[int, ...] | None] = queue.SimpleQueue()
-        self._stop = threading.Event()
-        self._idle = threading.Condition()
+        self._queue: deque[tuple[int, ...]] = deque()
+        self._stop = False
+        self._changed = threading.Condition()
         self._thread = threading.Thread(target=self._run, name=f"compile-{task}", daemon=True)
         self._thread.start()
 
-    def submit(self, shape: tuple[int, ...]) -> None:
-        if shape not in self._queued and self.failed is None:
+    def submit(self, shape: tuple[int, ...], first: bool = False) -> None:
+        with self._changed:
+            if self.failed is not None or shape in self._compiled:
+                return
+            if shape in self._queued:
+                if first and shape in self._queue:
+                    self._queue.remove(shape)
+                    self._queue.appendleft(shape)
+                return
             self._queued.add(shape)
-            self._queue.put(shape)
+            self._queue.appendleft(shape) if first else self._queue.append(shape)
+            self._changed.notify_all()
 
-    def ready(self, shape: tuple[int, ...]) -> bool:
-        return shape in self._ready
+    def compiled_for(self, shape: tuple[int, ...]) -> Forward | None:
+        return self._compiled.get(shape)
 
     def seconds(self, shape: tuple[int, ...]) -> float:
         """How long compiling ``shape`` took (0 when it is not compiled)."""
-        return self._ready.get(shape, 0.0)
+        return self._seconds.get(shape, 0.0)
 
     def pending(self) -> int:
         """Shapes queued and not compiled yet."""
-        return len(self._queued) - len(self._ready)
+        return len(self._queued) - len(self._compiled)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Until every queued shape is compiled, compiling failed, or ``timeout``; True when all are ready."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self._idle:
-            while self.pending() and self.failed is None and self._thread.is_alive():
+        with self._changed:
+            while self.pending() and self.failed is None and not self._stop:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     break
-                self._idle.wait(left)
+                self._changed.wait(left)
         return not self.pending() and self.failed is None
 
     def close(self) -> None:
         """Stop after the shape being compiled (a compile in progress cannot be interrupted)."""
-        self._stop.set()
-        self._queue.put(None)
+        with self._changed:
+            self._stop = True
+            self._changed.notify_all()
+
+    def _next(self) -> tuple[int, ...] | None:
+        with self._changed:
+            while not self._queue and not self._stop:
+                self._changed.wait()
+            return None if self._stop else self._queue.popleft()
 
     def _run(self) -> None:
         stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
-        while not self._stop.is_set():
-            shape = self._queue.get()
-            if shape is None or self._stop.is_set():
-                break
+        while (shape := self._next()) is not None:
             try:
-                with _turn, self.lock, torch.inference_mode(), _on(stream):
+                with _turn, torch.inference_mode(), _on(stream):
                     t0, before = time.perf_counter(), cache_counts()
-                    self.compiled(self.make_input(shape))
+                    compiled = self.make(shape)
+                    compiled(self.make_input(shape))
                     if stream is not None:
                         stream.synchronize()
                     seconds, (hits, misses) = time.perf_counter() - t0, cache_counts(before)
@@ -155,11 +180,12 @@ class BackgroundCompile:
                 self.failed = f"compiling input {shape} raised {raised(exc)}"
                 log.debug("%s: compile failed", self.task, exc_info=True)
             else:
-                self._ready[shape] = seconds
+                self._seconds[shape] = seconds
+                self._compiled[shape] = compiled
                 if self.on_ready is not None:
                     self.on_ready(shape, seconds, hits > 0 and misses == 0)
-            with self._idle:
-                self._idle.notify_all()
+            with self._changed:
+                self._changed.notify_all()
             if self.failed is not None:
                 break
 

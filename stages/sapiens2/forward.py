@@ -57,47 +57,44 @@ class FastForward:
         shape = tuple(pixels.shape)
         if shape not in self.inputs:
             self.inputs[shape] = pixels.dtype
-            if self.compiler is not None:
-                self.compiler.submit(shape)
-        with self._compiled_if_ready(pixels) as compiled:
-            kind, fn = ("compiled", compiled) if compiled is not None else ("eager", self.eager)
-            if self.graphs is not None:
-                try:
-                    maps, scale = self.graphs(kind, fn, pixels)
-                    # Graph outputs are rewritten by the next replay: copies, made on this stream.
-                    return maps.clone(), None if scale is None else scale.clone()
-                except GraphFailure as exc:
-                    self._switch_off("CUDA graphs", str(exc))
+        compiled = self._compiled_for(pixels)
+        kind, fn = ("compiled", compiled) if compiled is not None else ("eager", self.eager)
+        if self.graphs is not None:
             try:
-                return fn(pixels)
-            except Exception as exc:
-                if compiled is None:
-                    raise  # the eager forward itself: not a fast path
-                self._switch_off("compile", f"the compiled forward raised {raised(exc)}")
-                return self.eager(pixels)
-
-    @contextlib.contextmanager
-    def _compiled_if_ready(self, pixels: Tensor) -> Iterator[Callable[[Tensor], Outputs] | None]:
-        """The compiled forward for this input, held for this call, or None (not compiled yet, being
-        compiled for another shape right now, or off). The first use of a shape is checked against eager."""
-        compiler, shape = self.compiler, tuple(pixels.shape)
-        if compiler is None or not compiler.ready(shape) or not compiler.lock.acquire(blocking=False):
-            if compiler is not None and compiler.failed is not None:
-                self._switch_off("compile", compiler.failed)
-            yield None
-            return
+                maps, scale = self.graphs(kind, fn, pixels)
+                # Graph outputs are rewritten by the next replay: copies, made on this stream.
+                return maps.clone(), None if scale is None else scale.clone()
+            except GraphFailure as exc:
+                self._switch_off("CUDA graphs", str(exc))
         try:
-            if shape not in self._agreed and not self._agrees(compiler, pixels):
-                yield None
-                return
-            yield lambda x: compiler.compiled(x.contiguous())
-        finally:
-            compiler.lock.release()
+            return fn(pixels)
+        except Exception as exc:
+            if compiled is None:
+                raise  # the eager forward itself: not a fast path
+            self._switch_off("compile", f"the compiled forward raised {raised(exc)}")
+            return self.eager(pixels)
 
-    def _agrees(self, compiler: BackgroundCompile, pixels: Tensor) -> bool:
+    def _compiled_for(self, pixels: Tensor) -> Callable[[Tensor], Outputs] | None:
+        """The compiled forward for this input once it is compiled and has agreed with eager, else None
+        (a shape the stage uses goes to the front of the compile queue)."""
+        compiler, shape = self.compiler, tuple(pixels.shape)
+        if compiler is None:
+            return None
+        if compiler.failed is not None:
+            self._switch_off("compile", compiler.failed)
+            return None
+        compiled = compiler.compiled_for(shape)
+        if compiled is None or pixels.dtype != self.inputs[shape] or not torch.is_inference_mode_enabled():
+            compiler.submit(shape, first=True)
+            return None  # (another dtype or grad mode would compile again here, on the stage's thread)
+        if shape not in self._agreed and not self._agrees(compiled, pixels):
+            return None
+        return lambda x: compiled(x.contiguous())
+
+    def _agrees(self, compiled: Callable[[Tensor], Outputs], pixels: Tensor) -> bool:
         shape = tuple(pixels.shape)
         try:
-            got = compiler.compiled(pixels.contiguous())
+            got = compiled(pixels.contiguous())
         except Exception as exc:
             self._switch_off("compile", f"the compiled forward for input {shape} raised {raised(exc)}")
             return False
@@ -107,8 +104,8 @@ class FastForward:
             return False
         self._agreed.add(shape)
         log.info("%s: compiled forward in use for input %s (compiled in %.1f s, %.1f s after start-up; checked "
-                 "against eager)", self.task, "x".join(map(str, shape)), compiler.seconds(shape),
-                 time.perf_counter() - compiler.started)
+                 "against eager)", self.task, "x".join(map(str, shape)), self.compiler.seconds(shape),
+                 time.perf_counter() - self.compiler.started)
         if self.graphs is not None:
             self.graphs.drop("eager", shape)
         return True
@@ -201,13 +198,13 @@ class FastForward:
             folder = use_persistent_cache(self.cache_root, self.model.device)
             if folder is not None:
                 log.debug("%s: compiled kernels kept in %s", self.task, folder)
-        compiled = compile_model(self.model, self.fastpath.compile, self.fastpath.attention)
+        maker = compile_model(self.model, self.fastpath.compile, self.fastpath.attention)
         inputs = self.inputs
 
         def make(shape: tuple[int, ...]) -> Tensor:
             return make_input(shape, inputs.get(shape, torch.float32))
 
-        self.compiler = BackgroundCompile(compiled, make, self.model.device, self.task, self._compiled_log)
+        self.compiler = BackgroundCompile(maker, make, self.model.device, self.task, self._compiled_log)
         for shape in list(self.inputs):
             self.compiler.submit(shape)
 
