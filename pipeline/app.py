@@ -142,7 +142,8 @@ def build_sinks(cfg: RunConfig, stop: threading.Event, several: bool = False) ->
     if endpoint:
         connect = cfg.publish_connect is not None
         publisher = ZmqPublisher(endpoint, connect=connect, jpeg_quality=cfg.jpeg_quality,
-                                 curve=curve_for(cfg.curve_dir, connect, cfg.curve_client), gpu_jpeg=cfg.gpu_jpeg,
+                                 curve=curve_for(cfg.curve_dir, connect, cfg.curve_client),
+                                 gpu_jpeg=cfg.gpu_jpeg if cfg.gpu_jpeg is not None else cfg.device != "cpu",
                                  raw_frames=cfg.publish_raw_frames)
         publisher.bind()
         sinks.append(publisher)

@@ -34,7 +34,7 @@ __all__ = ["ConfigError", "RunConfig", "load_config", "merge", "option"]
 RECORD_CODECS = ("libx264", "h264", "mpeg4", "h264_nvenc", "hevc_nvenc")  # as pipeline.sinks.recorder accepts them
 ANNOTATION_LAYERS = ("matte", "seg", "boxes", "pose", "side3d", "hud")  # side3d: the 3D inset (--keypoints3d)
 DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-AUTO_KEYS = ("channels_last",)  # bool-or-null keys where "auto" (or null) means: decided by the device
+AUTO_KEYS = ("channels_last", "gpu_jpeg")  # bool-or-null keys where "auto" (or null) means: decided by the device
 MAX_DET_IMGSZ = 4096  # detector input side: 6.4x the default already
 MAX_FRAGMENT_S = 60.0  # record_fragment_s: a keyframe at least every two minutes of media
 
@@ -127,7 +127,8 @@ class RunConfig(MocapFields):  # the motion-capture keys: pipeline/mocap/options
     publish_connect: str | None = option(None, "publish by connecting to a broker's XSUB endpoint instead, e.g. "
                                                "tcp://broker:5556")
     jpeg_quality: int = option(80, "JPEG quality of published frames, 1..100")
-    gpu_jpeg: bool = option(False, "JPEG-encode published frames on the GPU (nvJPEG) when CUDA is present")
+    gpu_jpeg: bool | None = option(None, "JPEG-encode published frames on the GPU (nvJPEG; auto: when the run "
+                                         "uses CUDA)", parse=parse_auto_bool, metavar="{auto,on,off}")
     publish_raw_frames: bool = option(False, "publish frames as decoded, without the pipeline's overlays (the "
                                              "browser viewer then draws its layers itself, each one toggleable)")
     curve_dir: str | None = option(None, "CURVE keys folder from `sapiens2-stream keys` (encrypt + authenticate)")

@@ -204,7 +204,7 @@ def test_compile_matches_eager(tmp_path, caplog):
 # -- run config and CLI ------------------------------------------------------------------------------
 def test_cli_flags_reach_the_config_and_estimators(tmp_path):
     args = build_parser().parse_args(["run", "--attention", "math", "--channels-last", "on", "--compile", "off",
-                                      "--gpu-jpeg", "--record-codec", "h264_nvenc", "--tasks", "seg,pose",
+                                      "--gpu-jpeg", "on", "--record-codec", "h264_nvenc", "--tasks", "seg,pose",
                                       "--no-pose-buckets", "--no-pinned-memory", "--detector", "full-frame",
                                       "--checkpoint", f"seg={make_tiny(tmp_path / 'seg', 'seg', image_size=SIZE)}",
                                       "--checkpoint", f"pose={make_tiny(tmp_path / 'pose', 'pose', image_size=SIZE)}"])
@@ -219,7 +219,7 @@ def test_cli_flags_reach_the_config_and_estimators(tmp_path):
     assert est.fastpath == FastPath("math", True, "off", "off") and est.model.channels_last  # no graphs on a CPU
     assert stages.estimators["pose"].buckets is False
     auto = load_config(None, overrides_from(build_parser().parse_args(["run", "--channels-last", "auto"])))
-    assert auto.channels_last is None and not auto.gpu_jpeg and auto.compile == "off"
+    assert auto.channels_last is None and auto.gpu_jpeg is None and auto.compile == "off"  # auto: the device decides
     assert auto.pose_buckets and auto.pinned_memory
 
 
@@ -284,6 +284,27 @@ def test_gpu_jpeg_without_cuda_takes_the_cpu_path(caplog):
     assert not pub.jpeg.active and "no CUDA device" in caplog.text
     msg = _publish_one_frame(pub, result)
     _assert_same_image(msg.image, result.annotated)
+
+
+@pytest.mark.parametrize("device, gpu_jpeg, active", [("auto", None, True), ("cuda:0", None, True),
+                                                      ("cpu", None, False), ("auto", False, False)])
+def test_published_frames_are_jpeg_encoded_on_the_gpu_by_default_on_cuda(device, gpu_jpeg, active, monkeypatch):
+    """nvJPEG 0.84 ms vs OpenCV 9.4 ms per 1080p frame on an H200: on unless the run is on the CPU or says
+    off. (A CUDA machine stood in for: only whether CUDA is there and a stream are asked of it.)"""
+    import threading
+
+    from pipeline.app import build_sinks
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: object())
+    cfg = load_config(None, {"publish": "tcp://127.0.0.1:*", "device": device, "gpu_jpeg": gpu_jpeg})
+    (publisher,) = build_sinks(cfg, threading.Event())
+    try:
+        assert publisher.jpeg.active is active
+        if active:
+            assert publisher.jpeg.device.type == "cuda"
+    finally:
+        publisher.close()
 
 
 def test_torch_encoder_frames_decode_like_cpu_ones():

@@ -199,3 +199,46 @@ def test_recording_a_live_source_with_drops(tmp_path: Path) -> None:
     # The recording's clock is the capture clock (real elapsed time), not 15 frames at 30 fps.
     captured = [(c - captures[0]) / 1e9 for c in captures]
     assert times == pytest.approx(captured, abs=2e-3)
+
+
+def test_frames_are_encoded_off_the_callers_thread_in_order(tmp_path: Path) -> None:
+    """libx264 costs ~8 ms per 1080p frame: the sink thread hands frames to an encoder thread (the first
+    one excepted: a file that cannot be made fails at once, on the caller's thread)."""
+    import threading
+
+    path = tmp_path / "threaded.mp4"
+    recorder = VideoRecorder(path)
+    recorder.open(info())  # (makes its writer for the stream's rate)
+    threads: list[str] = []
+    real = recorder._writer.write
+    recorder._writer.write = lambda image, t: (threads.append(threading.current_thread().name), real(image, t))[1]
+    for r in [result(i, i) for i in range(6)]:
+        recorder.write(r)
+    recorder.close()
+    me = threading.current_thread().name
+    assert threads[0] == me and all(name.startswith("encode-") for name in threads[1:]) and len(threads) == 6
+    times, images, _ = decode(path)
+    assert times == pytest.approx([i / 30 for i in range(6)], abs=1e-3)
+    np.testing.assert_allclose([im.mean() for im in images], [(i * 25) % 256 for i in range(6)], atol=2)  # in order
+
+
+def test_an_encoder_error_reaches_the_caller_and_the_file_keeps_what_came_before(tmp_path: Path) -> None:
+    path = tmp_path / "failing.mp4"
+    recorder = VideoRecorder(path)
+    recorder.open(info())
+    real, calls = recorder._writer.write, []
+
+    def write(image, t):
+        calls.append(t)
+        if len(calls) == 4:
+            raise RecorderError(f"recorder {path}: writing failed (No space left on device); check disk space")
+        real(image, t)
+
+    recorder._writer.write = write
+    with pytest.raises(RecorderError, match="No space left on device"):
+        for i in range(40):  # the failure of frame 3 comes back at a later write
+            recorder.write(result(i, i))
+    assert len(calls) <= 4 + VideoRecorder.QUEUE + 1  # nothing more was encoded after the failure
+    recorder.close()  # finalised with the frames before it
+    times, _, _ = decode(path)
+    assert len(times) == 3
