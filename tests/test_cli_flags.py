@@ -54,7 +54,7 @@ def test_a_flag_sets_its_key(name: str) -> None:
         text, want = "512x384", [512, 384]
     elif name == "checkpoints":
         text, want = "pose=/x", {"pose": "/x"}
-    elif name == "channels_last":
+    elif name in ("channels_last", "gpu_jpeg"):
         text, want = "on", True
     elif name == "tasks":
         text, want = "pose,matting", ["pose", "matting"]
@@ -78,7 +78,7 @@ def test_a_flag_sets_its_key(name: str) -> None:
         text, want = SAMPLES[base]
     else:
         text, want = "value-" + name, "value-" + name
-    if base is bool and name != "channels_last":
+    if base is bool and name not in ("channels_last", "gpu_jpeg"):
         argv, want = [flag] if RUN_DEFAULTS[name] is False else [f"--no-{flag[2:]}"], not RUN_DEFAULTS[name]
     else:
         argv = [flag, text]
