@@ -10,7 +10,10 @@ Parts (each timed per frame, warm-up excluded, p50/p95):
               engine, hand-off to the sink thread) with the stub stages; JSONL record building (info)
 * annotation  compose_annotators(seg, boxes, pose, hud) on a copy of the frame, 2 persons x 308
               keypoints + a 1080p seg map, as the sink thread does; each annotator alone (info)
-* encoding    VideoRecorder.write (libx264, veryfast, crf 23) next to a bare PyAV libx264 encode
+* device      steps that are GPU kernels on CUDA and host work here: the detector's letterbox and NMS
+              (Ultralytics), the pose decode of one person (info)
+* encoding    VideoRecorder.write (libx264, veryfast, crf 23) next to a bare PyAV libx264 encode, and
+              what the sink thread pays with the encoder on its own thread
 * publishing  ZmqPublisher.write on loopback with a keypoints-only subscriber, and with a frames
               subscriber (JPEG of the annotated frame); the JPEG encode alone (codec)
 
@@ -62,6 +65,7 @@ from pipeline.sources.readers import open_file  # noqa: E402
 from pipeline.stages_setup import Stages  # noqa: E402
 from stages.annotate import compose_annotators  # noqa: E402
 from stages.device import resolve_device  # noqa: E402
+from stages.sapiens2.fastpath import FastPath  # noqa: E402
 from stages.detector import FullFrameDetector  # noqa: E402
 from stages.sapiens2.preprocess import to_device_image  # noqa: E402
 from stages.types import Detections, Frame, FrameResult, Keypoints, StreamInfo  # noqa: E402
@@ -144,8 +148,7 @@ class PoseStub:
         # in decoding (model work, excluded here like the rest of it), so a constant of their shape.
         return xy, scores, [self.lowest[:n], xy, scores]
 
-    class fastpath:  # noqa: N801 - stands in for the estimator's FastPath
-        cuda_graphs = False
+    fastpath = FastPath(cuda_graphs="off")  # what the engine reads of an estimator's fast path
 
 
 class ListSource:
@@ -286,6 +289,33 @@ def bench_plumbing(r: Report, images: list[np.ndarray], device: torch.device, rn
           note="only with --save-keypoints")
 
 
+def bench_device_steps(r: Report, images: list[np.ndarray], device: torch.device) -> None:
+    """Steps that run on the device on CUDA (kernels the host only queues) and on the host here: the
+    detector's letterbox and NMS, the pose decode of one person at the real heatmap size."""
+    from ultralytics.utils import nms, ops
+
+    from stages.sapiens2.postprocess import decode_pose
+    from stages.yolo_device import letterbox_batch
+
+    frame = to_device_image(images[0], device)
+    r.add("device", "detector letterbox 1080p -> 384x640 (stages.yolo_device)", "info",
+          r.time(lambda: letterbox_batch([frame], 640, auto=True), device), False, note="GPU kernels on CUDA")
+    gen = torch.Generator().manual_seed(0)
+    preds = torch.rand(1, 84, 5040, generator=gen).to(device) * 0.1  # YOLO11n at 384x640: 5040 anchors
+    preds[:, 4, :20] = 0.9  # twenty confident persons
+
+    def post() -> None:
+        (det,) = nms.non_max_suppression(preds, 0.25, 0.7, [0], False, max_det=16, nc=0)
+        ops.scale_boxes((384, 640), det[:, :4], (H, W))
+
+    r.add("device", "detector NMS + scale_boxes (Ultralytics)", "info", r.time(post, device), False,
+          note="reads the kept count on the host")
+    heatmaps = torch.rand(1, 308, 256, 192, generator=gen).to(device)  # (N, K, h, w) of a 1024x768 crop
+    boxes = torch.tensor([[100.0, 50.0, 700.0, 1000.0]], device=device)
+    r.add("device", "pose decode, 1 person, 308 x 256x192 heatmaps (DARK-UDP)", "info",
+          r.time(lambda: decode_pose(heatmaps, boxes, (1024, 768)), device), False, note="GPU kernels on CUDA")
+
+
 def bench_annotation(r: Report, images: list[np.ndarray], rng: np.random.Generator) -> list[np.ndarray]:
     results = [person_result(img, i, rng) for i, img in enumerate(images)]
     chain = compose_annotators(["seg", "boxes", "pose", "hud"])
@@ -309,7 +339,7 @@ def bench_encoding(r: Report, annotated: list[np.ndarray], rng: np.random.Genera
     results = [person_result(img, i, rng) for i, img in enumerate(annotated)]
     for res, img in zip(results, annotated):
         res.annotated = img
-    rec = VideoRecorder(tmp / "rec.mp4", codec="libx264", crf=23)
+    rec = VideoRecorder(tmp / "rec.mp4", codec="libx264", crf=23, threaded=False)  # the encode itself, timed
     rec.open(StreamInfo("bench", W, H, 30.0, TIME_BASE, live=False))
     out = av.open(str(tmp / "bare.mp4"), "w")
     stream = out.add_stream("libx264", rate=30, options={"preset": "veryfast", "crf": "23"})
@@ -340,6 +370,21 @@ def bench_encoding(r: Report, annotated: list[np.ndarray], rng: np.random.Genera
           note=f"process CPU incl. x264 threads ~{cpu_ms:.0f} ms/frame per encoder")
     r.add("encoding", "bare PyAV from_ndarray + libx264 encode + mux", "codec", s["bare"], False)
     r.add("encoding", "recorder's own cost (write - bare)", "derived", None, True, s["recorder"].p50 - s["bare"].p50)
+    # What the sink thread pays now: the hand-over to the encoder thread, frames coming at the pace the
+    # encoder keeps up with (a faster stream waits at the two-frame queue: the encoder is then the limit).
+    threaded = VideoRecorder(tmp / "threaded.mp4", codec="libx264", crf=23)
+    threaded.open(StreamInfo("bench", W, H, 30.0, TIME_BASE, live=False))
+    pause, samples = s["recorder"].p50 * 1.5 / 1000.0, []
+    for i in range(r.iters + r.warmup):
+        res = results[i % len(results)]
+        res.frame = Frame(i, res.frame.image, i * 512, TIME_BASE, res.frame.capture_ns)
+        time.sleep(pause)
+        t0 = time.perf_counter()
+        threaded.write(res)
+        samples.append((time.perf_counter() - t0) * 1000.0)
+    threaded.close()
+    r.add("encoding", "VideoRecorder.write on the sink thread (libx264 on its own thread)", "ours",
+          Stats.from_samples(samples[r.warmup:]), False, note="the encode rows above run on the encoder thread")
 
 
 def bench_publishing(r: Report, annotated: list[np.ndarray], rng: np.random.Generator) -> None:
@@ -403,6 +448,7 @@ def main() -> int:
         bench_decode(r, video)
         bench_upload(r, images[0], device)
         bench_plumbing(r, images, device, rng)
+        bench_device_steps(r, images, device)
         annotated = bench_annotation(r, images, rng)
         bench_encoding(r, annotated, rng, Path(tmp))
         bench_publishing(r, annotated, rng)

@@ -1,8 +1,10 @@
-"""Device benchmark phases about the fast path: each fast-path switch against the default, and
-torch.compile with CUDA graphs."""
+"""Device benchmark phases about the fast paths: eager against eager + CUDA graphs against compiled +
+CUDA graphs (the paths a run takes), each fast-path switch against the default, the attention
+kernels each path runs, and the lanes' overlap with compiled graphs."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any, Callable
 
@@ -33,7 +35,7 @@ def _ablation_row(ctx: Ctx, rows: list[list[Any]], label: str, make: Callable[[]
         return None, None, None
     diff = None if base is None else float((out - base).abs().max() / base.abs().max())
     ms = p50(samples)
-    row = dict(variant=label, resolved=est.fastpath.describe(est.model), batch=int(crops.shape[0]), ms=samples,
+    row = dict(variant=label, resolved=est.fastpath.describe(), batch=int(crops.shape[0]), ms=samples,
                max_rel_diff=diff)
     ctx.report.results["fastpath"].append(row)
     rows.append([label, row["resolved"], row["batch"], ms, p95(samples),
@@ -86,56 +88,213 @@ def phase_fastpath(ctx: Ctx) -> None:
             "1-8 persons need 4 shapes (1/2/4/8) instead of 8 for cuDNN autotuning and compiled graphs.")
 
 
+def _run(est, pixels: torch.Tensor) -> Any:
+    """One forward of an estimator the way the engine calls it (pose: its persons' rows)."""
+    with torch.inference_mode():
+        return est.infer(pixels, len(pixels)) if est.task == "pose" else est.infer(pixels)
+
+
+def _compiled(ctx: Ctx, est, pixels: torch.Tensor, budget_s: float) -> tuple[bool, float]:
+    """Compile this input shape in the background as a run does, wait for it (at most ``budget_s``)
+    and take the first step that switches to it (its check against eager). (ready, compile seconds)."""
+    est.start_compile()
+    ready = est.wait_compiled(timeout=max(1.0, budget_s))
+    if ready:
+        _run(est, pixels)  # the switch: checked against eager here, then its graph captured
+        _run(est, pixels)
+        ctx.sync()
+    forward = est._forward
+    seconds = forward.compiler.seconds(tuple(pixels.shape)) if forward.compiler is not None else 0.0
+    return ready and "compile" not in est.switched_off, seconds
+
+
+@contextlib.contextmanager
+def smoke_compile(ctx: Ctx):
+    """In the smoke run, compile with dynamo + AOTAutograd but not Inductor's code generation: a cold
+    Inductor compile of even the tiny model costs the CPU 30-45 s per shape, for figures that mean
+    nothing here (tests/test_fastpath.py and tests/test_compile_cli.py compile with Inductor)."""
+    if not ctx.smoke:
+        yield
+        return
+    import stages.sapiens2.forward as forward_mod
+    from stages.sapiens2.fastpath import attention_context
+
+    real = forward_mod.compile_model
+
+    def aot_eager(model, mode, attention="auto"):
+        def make(shape):
+            def forward(pixels):
+                with attention_context(attention):
+                    return model(pixels)
+            return torch.compile(forward, backend="aot_eager", dynamic=False, fullgraph=True)
+        return make
+
+    forward_mod.compile_model = aot_eager
+    ctx.say("(smoke run: compiled with backend aot_eager, not Inductor)\n")
+    try:
+        yield
+    finally:
+        forward_mod.compile_model = real
+
+
+def phase_graphs(ctx: Ctx) -> None:
+    """The paths a run takes, on the stream that replays them: eager, eager + CUDA graphs (the default on
+    CUDA) and compiled + CUDA graphs (--compile), for pose x1/x4/x8 and seg; warm-up (capture) and
+    compile seconds; what each fast path's check said; the attention kernels of each case."""
+    from stages.sapiens2.estimators import PoseEstimator, Segmenter
+    from stages.sapiens2.fastpath import FastPath
+
+    mode = "default"
+    ctx.say(f"\n## Eager vs CUDA graphs vs compiled, {ctx.model('0.4b')}, {ctx.precision}, input "
+            f"{ctx.size[0]}x{ctx.size[1]} (CUDA events on a GPU)\n")
+    results = ctx.report.results.setdefault("graphs", [])
+    models = {"pose": load_model(ctx.ckpt("pose"), device=ctx.device, dtype=ctx.dtype),
+              "seg": load_model(ctx.ckpt("seg"), device=ctx.device, dtype=ctx.dtype)}
+    classes = {"pose": PoseEstimator, "seg": Segmenter}
+    cases = [("pose", 1), ("pose", 4), ("pose", 8), ("seg", 1)]
+    paths = [("eager", FastPath(cuda_graphs="off")), ("eager + CUDA graphs", FastPath()),
+             (f"compiled ({mode}) + CUDA graphs", FastPath(compile=mode))]
+    lane = torch.cuda.Stream(ctx.device) if ctx.cuda else None
+    eager_ms: dict[tuple[str, int], float] = {}
+    rows = []
+    with smoke_compile(ctx):
+        _graph_rows(ctx, paths, cases, models, classes, lane, eager_ms, rows, results)
+    ctx.report.table(["path", "case", "ms p50", "p95", "vs eager", "warm-up / capture s", "compile s",
+                      "fast-path checks", "attention kernels (eager)"], rows)
+    ctx.say("\nEvery path ran on one side stream, as a stage's lane; a CUDA graph replays the eager path's kernels "
+            "with one launch. 'compile s' is the background compile of that one shape (Inductor, in-process cache "
+            "only: the kept cache of a second start is not used here).")
+
+
+def _graph_rows(ctx: Ctx, paths, cases, models, classes, lane, eager_ms, rows, results) -> None:
+    for label, fastpath in paths:  # compiled last: a phase cut short keeps the eager and graph rows
+        for task, batch in cases:
+            if ctx.left_s() < (40 if "compiled" in label else 10):
+                ctx.say(f"({label}, {task} x{batch} skipped: {ctx.left_s():.0f} s left of this phase)")
+                continue
+            est = classes[task](models[task], input_size=ctx.size, fastpath=fastpath)
+            pixels = torch.randn(batch, 3, *ctx.size, device=ctx.device)  # float32, as the engine's inputs
+            with _on(lane):
+                t0 = time.perf_counter()
+                for _ in range(2):  # as it is, then captured (and replayed)
+                    _run(est, pixels)
+                ctx.sync()
+                warm_s = time.perf_counter() - t0
+                compiled_s, in_use = None, True
+                if fastpath.compile != "off":
+                    in_use, compiled_s = _compiled(ctx, est, pixels, ctx.left_s() - 30)
+                samples = ctx.ms(lambda: _run(est, pixels))
+            kernels = attention_kernels(ctx, lambda: _run(est, pixels)) if label == "eager" else None
+            ms = p50(samples)
+            if label == "eager":
+                eager_ms[(task, batch)] = ms
+            base = eager_ms.get((task, batch))
+            row = dict(path=label, task=task, batch=batch, ms=samples, warm_s=warm_s, compile_s=compiled_s,
+                       compiled_in_use=in_use if fastpath.compile != "off" else None,
+                       switched_off=est.switched_off, resolved=est.fastpath.describe(), attention_kernels=kernels)
+            results.append(row)
+            ctx.report.save()
+            checks = "; ".join(f"{k} off: {v[:80]}" for k, v in est.switched_off.items()) or "all agreed"
+            rows.append([label, f"{task} x{batch}", ms, p95(samples), "-" if base is None else f"{base / ms:.2f}x",
+                         f"{warm_s:.1f}", "-" if compiled_s is None else f"{compiled_s:.1f}", checks,
+                         "-" if kernels is None else kernels["summary"]])
+            est.close()
+
+
+def attention_kernels(ctx: Ctx, fn: Callable[[], object]) -> dict[str, Any] | None:
+    """The attention kernels one call of ``fn`` runs (CUDA kernel names from the profiler), grouped by
+    backend: flash, efficient (memory-efficient/cutlass fmha), cudnn, math (matmul + softmax)."""
+    if not ctx.cuda:
+        return None
+    names = kernel_times(fn)
+    found: dict[str, float] = {}
+    for name, ms in names.items():
+        kind = attention_backend(name)
+        if kind is not None:
+            found[kind] = found.get(kind, 0.0) + ms
+    summary = ", ".join(f"{k} {v:.1f} ms" for k, v in sorted(found.items(), key=lambda kv: -kv[1])) or "none seen"
+    return dict(summary=summary, by_backend=found,
+                names=sorted(n for n in names if attention_backend(n) is not None)[:12])
+
+
+def attention_backend(kernel: str) -> str | None:
+    name = kernel.lower()
+    if "flash" in name:
+        return "flash"
+    if "cudnn" in name and ("sdpa" in name or "attn" in name or "fmha" in name):
+        return "cudnn"
+    if "fmha" in name or "efficient_attention" in name or "mem_eff" in name:
+        return "efficient"
+    if "softmax" in name:
+        return "math (softmax)"
+    return None
+
+
+def kernel_times(fn: Callable[[], object]) -> dict[str, float]:
+    """Milliseconds of GPU time per CUDA kernel name in one call of ``fn`` (after one warm call)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    times: dict[str, float] = {}
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            times[event.name] = times.get(event.name, 0.0) + event.device_time_total / 1000.0
+    return times
+
+
+KERNEL_KINDS = (("attention", lambda n: attention_backend(n) is not None and "softmax" not in n.lower()),
+                ("GEMM", lambda n: any(k in n.lower() for k in ("gemm", "xmma", "cutlass", "sm90", "matmul"))),
+                ("convolution", lambda n: any(k in n.lower() for k in ("conv", "implicit", "winograd", "dgrad",
+                                                                        "wgrad", "fft"))),
+                ("norm (rms/instance/batch)", lambda n: "norm" in n.lower()),
+                ("RoPE/elementwise", lambda n: any(k in n.lower() for k in ("elementwise", "vectorized", "roll",
+                                                                           "copy", "cat", "unrolled"))),
+                ("reduction", lambda n: "reduce" in n.lower()))
+
+
+def kernel_breakdown(times: dict[str, float]) -> dict[str, float]:
+    """GPU milliseconds by kind of kernel (first matching kind of KERNEL_KINDS, else other)."""
+    out: dict[str, float] = {}
+    for name, ms in times.items():
+        kind = next((k for k, match in KERNEL_KINDS if match(name)), "other")
+        out[kind] = out.get(kind, 0.0) + ms
+    return out
+
+
+def _on(stream: Any) -> contextlib.AbstractContextManager:
+    return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+
+
 def phase_compile(ctx: Ctx) -> None:
-    """torch.compile with CUDA graphs ("reduce-overhead"): its start-up cost, its per-call gain, and
-    whether the detector still runs beside the Sapiens2 work (each stage's graphs on its own lane)."""
+    """The lanes with a compiled pose stage (compiled + CUDA graphs on its lane, as --compile runs it):
+    whether the detector and seg still run beside it."""
     from pipeline.engine import FrameEngine
     from pipeline.stages_setup import Stages
     from stages.sapiens2.estimators import PoseEstimator, Segmenter
     from stages.sapiens2.fastpath import FastPath
 
-    mode = "default" if ctx.smoke else "reduce-overhead"
-    ctx.say(f"\n## torch.compile (mode {mode}), pose {ctx.model('0.4b')}, {ctx.precision}, 4 persons\n")
+    mode = "default"
+    ctx.say(f"\n## Lanes with a compiled pose stage (compile {mode} + CUDA graphs), {ctx.model('0.4b')}, "
+            f"{ctx.precision}, 4 persons\n")
     model = load_model(ctx.ckpt("pose"), device=ctx.device, dtype=ctx.dtype)
-    eager = PoseEstimator(model, input_size=ctx.size)
     compiled = PoseEstimator(model, input_size=ctx.size, fastpath=FastPath(compile=mode))
-    if ctx.smoke:
-        # Dynamo and AOTAutograd without Inductor's code generation: a cold Inductor compile of even the
-        # tiny model costs the CPU 30 s, for figures that mean nothing here (tests/test_fastpath.py
-        # compiles with Inductor and checks the outputs).
-        compiled._forward = torch.compile(model, backend="aot_eager", dynamic=False, fullgraph=True)
-        ctx.say("(smoke run: compiled with backend aot_eager, not Inductor)\n")
     seg = Segmenter(ctx.ckpt("seg"), device=ctx.device, dtype=ctx.dtype, input_size=ctx.size)
     h, w = ctx.frame
     detector = TimedDetector(ctx, person_boxes(4, w, h))
     engine = FrameEngine(Stages(ctx.device, detector, {"pose": compiled, "seg": seg}))
-    # On the pose lane, where the engine replays it: a graph belongs to the stream it was captured on.
-    with torch.inference_mode(), engine.lanes.use("pose"):
-        crops = torch.randn(4, 3, *ctx.size, device=ctx.device)  # float32 as the engine's crops: one compile
-        base = eager.infer(crops, 4).float()
-        eager_ms = ctx.ms(lambda: eager.infer(crops, 4))  # first: kept even if compiling is cut short
-        ctx.report.results["compile"] = dict(mode=mode, eager_ms=eager_ms)
-        ctx.report.save()
-        ctx.say(f"compiling (eager p50 {p50(eager_ms):.1f} ms; {ctx.left_s():.0f} s left before the watchdog) ...")
-        t0 = time.perf_counter()
-        for _ in range(3):  # compile, capture the graph, replay
-            out = compiled.infer(crops, 4)
-        ctx.sync()
-        startup = time.perf_counter() - t0
-        diff = float((out.float() - base).abs().max() / base.abs().max())
-        compiled_ms = ctx.ms(lambda: compiled.infer(crops, 4))
-    graphs = len(getattr(compiled._forward, "captures", []))  # ours (stages.sapiens2.graphs); a failed capture raises
-    ctx.report.results["compile"] = dict(mode=mode, startup_s=startup, eager_ms=eager_ms, compiled_ms=compiled_ms,
-                                         max_rel_diff=diff, cuda_graphs_captured=graphs)
-    ctx.report.table(["path", "ms p50", "p95", "speed-up", "start-up (compile) s", "max abs diff / max"], [
-        ["eager (default)", p50(eager_ms), p95(eager_ms), "-", "-", "-"],
-        [f"compiled, {mode}", p50(compiled_ms), p95(compiled_ms), f"{p50(eager_ms) / p50(compiled_ms):.2f}x",
-         f"{startup:.1f}", f"{diff:.1e}"],
-    ])
-    if mode == "reduce-overhead":
-        ctx.say(f"\nCUDA graphs captured on the pose lane: {graphs}.")
-    ctx.say("\nThe start-up cost is paid once per input shape (one shape here; a pipeline warms every pose "
-            "bucket at start-up, `--compile` logs the total).")
+    with torch.inference_mode(), engine.lanes.use("pose"), smoke_compile(ctx):  # where the engine replays it
+        crops = torch.randn(4, 3, *ctx.size, device=ctx.device)
+        _run(compiled, crops)
+        ctx.say(f"compiling pose x4 in the background ({ctx.left_s():.0f} s left before the watchdog) ...")
+        ready, seconds = _compiled(ctx, compiled, crops, ctx.left_s() - 40)
+    ctx.report.results["compile"] = dict(mode=mode, ready=ready, compile_s=seconds, switched_off=compiled.switched_off)
+    state = f"compiled in {seconds:.1f} s and in use" if ready else \
+        f"not in use: {compiled.switched_off or 'not compiled in time'}"
+    ctx.say(f"pose x4: {state}")
     if ctx.left_s() < 20:
         ctx.say(f"\n(overlap rows skipped: {ctx.left_s():.0f} s left of this phase)")
         return
@@ -224,14 +383,14 @@ def overlap_rows(ctx: Ctx, engine, detector: TimedDetector, mode: str, FrameEngi
 
 def warm_reachable(engine, persons: int) -> None:
     """Warm what these steps reach, each on the lane that replays it: pose at the bucket of ``persons``
-    (the only one fixed boxes reach: the engine's warm_up would compile every bucket below it too)
+    (the only one fixed boxes reach: the engine's warm_up would capture every bucket below it too)
     and the dense stages at one frame."""
     from stages.sapiens2.buckets import bucket
 
     pose = engine.stages.estimators["pose"]
     with torch.inference_mode(), engine.lanes.use("pose"):
         crops = torch.zeros(bucket(persons), 3, *pose.input_size, device=pose.device)  # float32, as crops are
-        for _ in range(3 if pose.fastpath.cuda_graphs else 1):  # compile, capture, replay
+        for _ in range(2 if pose.fastpath.graphs else 1):  # as it is, then captured
             pose.infer(crops, persons)
     for task, est in engine.stages.estimators.items():
         if task != "pose":

@@ -152,6 +152,7 @@ def phase_correctness(ctx: Ctx) -> None:
                                          for k, v in THRESHOLDS.items()}
     results["correctness"] = []
     rows, failures = [], []
+    peaks: dict[tuple[str, str], float | None] = {}  # GPU memory peak of each decode
     for task in TASKS:
         model32 = load_model(ctx.ckpt(task), device=ctx.device, dtype="float32")
         # The same as load_model(dtype=...): set_precision casts the float32 weights once. Copied
@@ -162,11 +163,15 @@ def phase_correctness(ctx: Ctx) -> None:
         image_t = est32.image_tensor(image)
         boxes_t = torch.as_tensor(person_boxes(2, w, h), device=ctx.device)
         crop = crop_params(boxes_t, ctx.size)[1].max(dim=1).values  # (N,) the crop's longer side, pixels
+        ctx.reset_peak()
         with strict_float32():
             raw32, out32 = _decoded(task, est32, image_t, boxes_t)
+        peaks[(task, "float32")] = ctx.step_peak_gib()
         for dtype in ("bfloat16", "float16"):
             model = lower.pop(dtype)
+            ctx.reset_peak()
             raw, out = _decoded(task, ESTIMATORS[task](model, input_size=ctx.size), image_t, boxes_t)
+            peaks[(task, dtype)] = ctx.step_peak_gib()
             floats = [raw] + [t for t in out.values() if t.is_floating_point()]
             finite = all(bool(torch.isfinite(t).all()) for t in floats)
             metrics = _metrics(task, raw, out, raw32, out32, crop) if finite else {}
@@ -185,6 +190,8 @@ def phase_correctness(ctx: Ctx) -> None:
         del model32, est32
         ctx.report.save()
     ctx.report.table(["task", "dtype", "metric", "value", "threshold", "all finite", "result"], rows)
+    if ctx.cuda:
+        memory_of_correctness(ctx, peaks, image)
     ctx.say("\nThresholds (bf16 / fp16):\n")
     ctx.report.table(["metric", "bf16", "fp16", "what"],
                      [[k, f"{v['bfloat16']:.2e}", f"{v['float16']:.2e}", v["about"]] for k, v in THRESHOLDS.items()])
@@ -192,6 +199,46 @@ def phase_correctness(ctx: Ctx) -> None:
             "error on this random 24-layer architecture, fp16 4.6e-3 and 5.0e-3. A real fault is off by 0.1-1.")
     if failures:
         raise CorrectnessError(f"{len(failures)} check(s) failed: {', '.join(failures)}")
+
+
+def memory_of_correctness(ctx: Ctx, peaks: dict[tuple[str, str], float | None], image: np.ndarray,
+                          card_gib: float = 24.0) -> None:
+    """Where this phase's peak GPU memory comes from (133.7 GiB on an H200, 2026-12-04; every other phase
+    under 7 GiB): the peak of each decode, then the float32 pose decode again with the process capped at
+    ``card_gib`` (set_per_process_memory_fraction), as on a 24 GB card: does it run, at what peak?"""
+    from stages.sapiens2.estimators import ESTIMATORS
+
+    results = ctx.report.results
+    results["correctness_peaks_gib"] = {f"{t} {d}": v for (t, d), v in peaks.items()}
+    ctx.say("\nPeak GPU memory of each decode (GiB, allocated through PyTorch: tensors and cuDNN workspaces):\n")
+    dtypes = ("float32", "bfloat16", "float16")
+    ctx.report.table(["task", *dtypes], [[t, *(peaks.get((t, d)) for d in dtypes)] for t in TASKS])
+    total = torch.cuda.get_device_properties(ctx.device).total_memory / 2**30
+    capped: dict[str, Any] = dict(card_gib=card_gib)
+    try:
+        torch.cuda.empty_cache()
+        torch.cuda.set_per_process_memory_fraction(min(1.0, card_gib / total), ctx.device)
+        model = load_model(ctx.ckpt("pose"), device=ctx.device, dtype="float32")
+        est = ESTIMATORS["pose"](model, input_size=ctx.size)
+        h, w = ctx.frame
+        ctx.reset_peak()
+        with strict_float32():
+            raw, _ = _decoded("pose", est, est.image_tensor(image),
+                              torch.as_tensor(person_boxes(2, w, h), device=ctx.device))
+        capped.update(ran=True, peak_gib=ctx.step_peak_gib(), finite=bool(torch.isfinite(raw).all()))
+        del model, est
+    except torch.cuda.OutOfMemoryError as exc:
+        capped.update(ran=False, error=str(exc).splitlines()[0][:200])
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0, ctx.device)
+        torch.cuda.empty_cache()
+    results["correctness_capped"] = capped
+    outcome = f"ran, peak {capped['peak_gib']:.1f} GiB" if capped.get("ran") else f"OUT OF MEMORY: {capped['error']}"
+    ctx.say(f"\nThe float32 pose decode again with this process capped at {card_gib:.0f} GiB (a {card_gib:.0f} GB "
+            f"card): {outcome}. "
+            "A peak far above the tensors' size that shrinks under the cap is workspace cuDNN takes because the "
+            "memory is free (float32 convolutions, TF32 off), not memory the step needs; the pipeline runs in "
+            "bfloat16 (see its column).")
 
 
 def backbone_macs(cfg, h: int, w: int) -> tuple[float, float]:
@@ -247,6 +294,33 @@ def phase_forward(ctx: Ctx) -> None:
     ctx.report.results["forward_peak_gib"] = ctx.peak_gib()
 
 
+def kernels_against_reference(ctx: Ctx, ref, ours, persons: int) -> list[list[Any]]:
+    """GPU time by kind of kernel of one pose forward of ``persons`` crops, our model (eager: the kernels a
+    CUDA graph replays) against the reference: why one side is faster at a batch (2026-12-04: ours 0.90x at
+    x8). Also the attention kernels each side runs. Empty on the CPU (no kernel times)."""
+    from bench.device_compile import attention_backend, kernel_breakdown, kernel_times
+
+    if not ctx.cuda:
+        ctx.say("(kernel breakdown: CUDA only)")
+        return []
+    pixels = torch.randn(persons, 3, *ours.input_size, device=ctx.device, dtype=ctx.dtype)
+    mine = kernel_times(lambda: ours.model(pixels))
+    theirs = kernel_times(lambda: ref(pixels))
+    split = {"ours": kernel_breakdown(mine), "reference": kernel_breakdown(theirs)}
+    top = {side: sorted(times.items(), key=lambda kv: -kv[1])[:15] for side, times in
+           (("ours", mine), ("reference", theirs))}
+    attention = {side: sorted({n for n in times if attention_backend(n) is not None})[:8]
+                 for side, times in (("ours", mine), ("reference", theirs))}
+    ctx.report.results["reference_kernels"] = dict(persons=persons, by_kind=split, top=top, attention=attention,
+                                                   total_ms={"ours": sum(mine.values()),
+                                                             "reference": sum(theirs.values())})
+    kinds = sorted(set(split["ours"]) | set(split["reference"]), key=lambda k: -split["reference"].get(k, 0.0))
+    rows = [[k, split["ours"].get(k, 0.0), split["reference"].get(k, 0.0),
+             split["ours"].get(k, 0.0) - split["reference"].get(k, 0.0)] for k in kinds]
+    rows.append(["all kernels", sum(mine.values()), sum(theirs.values()), sum(mine.values()) - sum(theirs.values())])
+    return rows
+
+
 def phase_reference(ctx: Ctx) -> None:
     """Our stages vs the reference path (transformers processor + model + post-processing) at the
     same precision, same weights, same inputs: bench_stages' groups, on this device."""
@@ -283,10 +357,16 @@ def phase_reference(ctx: Ctx) -> None:
             ctx.report.save()
         with torch.inference_mode():
             bs.bench_engine(bench, pairs, proc, image, rng)
+            why_rows = kernels_against_reference(ctx, *pairs["pose"], persons=2 if ctx.smoke else 8)
     rows = [[r["stage"], r["path"], r["ours p50"], r["ours p95"], r["ours /s"], r["ref p50"], r["ref /s"],
              None if r["ours/ref"] is None else f"{1 / r['ours/ref']:.2f}x"] for r in bench.rows]
     ctx.report.table(["stage", "path", "ours ms p50", "ours p95", "ours /s", "ref ms p50", "ref /s",
                       "speed-up (ref/ours)"], rows)
+    if why_rows:
+        ctx.say("\n### Where the GPU time goes, pose model only (one forward each, profiler kernel time)\n")
+        ctx.report.table(["kind of kernel", "ours ms (eager)", "reference ms", "ours - reference ms"], why_rows)
+        ctx.say("\nKinds by kernel name (bench/device_compile.KERNEL_KINDS); the attention row is the backend PyTorch "
+                "picked for each side (names in device_bench.json: reference_kernels).")
     ctx.say("\n/s: persons per second for pose, frames per second otherwise. \"image -> host result\" is numpy "
             "in, numpy out for both; the frame rows run pose (2 persons) + seg through our FrameEngine vs the "
             "two reference paths in sequence. Building each pair (transformers random init on the device, "

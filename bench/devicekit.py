@@ -140,6 +140,10 @@ class Ctx:
             self.phase_peak_gib = max(self.phase_peak_gib, torch.cuda.max_memory_allocated(self.device) / 2**30)
             torch.cuda.reset_peak_memory_stats(self.device)
 
+    def step_peak_gib(self) -> float | None:
+        """The peak since the last ``reset_peak`` (GiB), or None on the CPU."""
+        return torch.cuda.max_memory_allocated(self.device) / 2**30 if self.cuda else None
+
     def peak_gib(self) -> float | None:
         if not self.cuda:
             return None

@@ -5,7 +5,7 @@
 # run with. The machine already has numpy, opencv-headless, msgpack, scipy, matplotlib, pillow,
 # psutil, pyyaml, safetensors, tokenizers, huggingface-hub and torch/torchvision (see
 # /work/.library/device/KINDS.md). About 54 MB, under the 64 MiB a call carries with the working
-# tree. Then: run(command="bash bench/device_run.sh", carry=[".whl"], timeout_s=360)
+# tree. Then: run(command="bash bench/device_run.sh", carry=[".whl"], timeout_s=570)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! git check-ignore -q .whl/ 2>/dev/null; then  # .gitignore has it; else the repo's own exclude file

@@ -135,9 +135,19 @@ class _Estimator:
         graphs = self._forward.graphs
         captured = f", {len(graphs.captures)} CUDA graphs captured" if graphs is not None else ""
         log.info("%s warm-up (%s) %.1f s%s", self.task, self.fastpath.describe(), seconds, captured)
+        self.start_compile()
+        return seconds
+
+    def start_compile(self) -> None:
+        """With ``compile`` on: compile every input shape run so far in the background (each new one
+        as it comes); each is used once compiled and checked against eager. ``warmup`` calls it."""
         device = self.device
         self._forward.start_compile(lambda shape, dtype: torch.zeros(shape, dtype=dtype, device=device))
-        return seconds
+
+    @property
+    def switched_off(self) -> dict[str, str]:
+        """The fast paths turned off for this run, each with why (the warning it logged)."""
+        return dict(self._forward.off)
 
     def wait_compiled(self, timeout: float | None = None) -> bool:
         """Until every input shape seen is compiled (``compile`` on): True when all are ready."""
