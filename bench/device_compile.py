@@ -103,9 +103,7 @@ def _compiled(ctx: Ctx, est, pixels: torch.Tensor, budget_s: float) -> tuple[boo
         _run(est, pixels)  # the switch: checked against eager here, then its graph captured
         _run(est, pixels)
         ctx.sync()
-    forward = est._forward
-    seconds = forward.compiler.seconds(tuple(pixels.shape)) if forward.compiler is not None else 0.0
-    return ready and "compile" not in est.switched_off, seconds
+    return ready and "compile" not in est.switched_off, est.compile_seconds(tuple(pixels.shape))
 
 
 @contextlib.contextmanager

@@ -149,6 +149,11 @@ class _Estimator:
         """The fast paths turned off for this run, each with why (the warning it logged)."""
         return dict(self._forward.off)
 
+    def compile_seconds(self, pixels_shape: tuple[int, ...]) -> float:
+        """How long the background compile of an input shape took (0: not compiled)."""
+        compiler = self._forward.compiler
+        return 0.0 if compiler is None else compiler.seconds(tuple(pixels_shape))
+
     def wait_compiled(self, timeout: float | None = None) -> bool:
         """Until every input shape seen is compiled (``compile`` on): True when all are ready."""
         return self._forward.wait_compiled(timeout)
