@@ -23,6 +23,7 @@ def _start(args: list[str], env: dict[str, str], cwd: Path, err: Path) -> subpro
 
 def test_compile_starts_eager_switches_when_ready_and_is_kept_for_the_next_start(cli_env, tiny, tmp_path):
     env = dict(cli_env, SAPIENS2_STREAM_CACHE=str(tmp_path / "cache"))  # no kept kernels yet
+    env.pop("TORCHINDUCTOR_CACHE_DIR", None)  # (Inductor sets it in a process that compiled: not a user's choice)
     clip = make_video(tmp_path / "clip.mp4", 8, w=96, h=64)
     base = ["--source", f"loop:{clip}", "--tasks", "pose", "--checkpoint", f"pose={tiny / 'pose'}", *OFFLINE,
             "--max-persons", "1", "--compile", "default"]
