@@ -1,0 +1,209 @@
+"""The branches that only run on CUDA, run on the CPU in the situation a GPU creates (tests/fakecuda.py:
+streams, events and page-locked memory stood in for; a copy to page-locked memory lands only when
+the host has waited for it; "device" tensors are CPU tensors, so every result can be compared with
+the CPU engine's).
+
+What a GPU run relies on: every lane that reads an uploaded frame waits for the upload's event and
+keeps the frame's memory in use; results come back through page-locked buffers whose events the
+host waits for, this step's only (never a device-wide synchronize); stage timing reads completed
+events; the staging ring never rewrites a buffer a copy has not read; pageable and one-stream modes
+give the same results; the run pipelines and warms up on CUDA.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import pipeline.lanes
+from pipeline.engine import FrameEngine
+from pipeline.lanes import Clock, Lanes
+from pipeline.stages_setup import Stages
+from stages.keypoints3d import Lift
+from stages.sapiens2 import load_model
+from stages.sapiens2.estimators import ESTIMATORS
+from stages.sapiens2.preprocess import upload
+from stages.sapiens2.tiny import make_tiny
+from stages.types import Detections, Frame, FrameResult
+from tests.fakecuda import FakeGpu, FakeStream
+
+CUDA = torch.device("cuda", 0)
+pytestmark = pytest.mark.timeout(300)
+
+
+class TwoPeople:
+    random_weights = False
+
+    def detect_batch(self, images: list[np.ndarray]) -> list[Detections]:
+        boxes = np.array([[10, 10, 60, 90], [50, 20, 110, 95]], np.float32)
+        return [Detections(boxes, np.array([0.9, 0.8], np.float32), np.arange(2)) for _ in images]
+
+
+@pytest.fixture(scope="module")
+def estimators(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    out = {}
+    for task in ("pose", "seg", "pointmap"):
+        arch = {} if task == "pointmap" else {"image_size": (64, 48)}  # the pointmap's scale branch fixes its own
+        model = load_model(make_tiny(tmp_path_factory.mktemp(task), task, **arch), device="cpu")
+        kwargs = {"input_size": tuple(model.cfg.image_size)} if task == "pointmap" else {}
+        out[task] = ESTIMATORS[task](model, **kwargs)
+    return out
+
+
+@pytest.fixture
+def gpu(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeGpu]:
+    fake = FakeGpu(monkeypatch)
+    monkeypatch.setattr(pipeline.lanes, "_STREAMS", {})  # lanes made of these stand-ins, for this test only
+    yield fake
+
+
+def _engine(estimators: dict, device: torch.device, **kwargs) -> FrameEngine:
+    return FrameEngine(Stages(device, TwoPeople(), dict(estimators)), keypoints3d=Lift(threshold=0.0), **kwargs)
+
+
+def _step(i: int) -> list[Frame]:
+    """One frame of each of two sources (two sizes)."""
+    rng = np.random.default_rng(i)
+    return [Frame(i, rng.integers(0, 256, hw + (3,), dtype=np.uint8), i, Fraction(1, 30), time.time_ns(), sid)
+            for sid, hw in (("a", (100, 120)), ("b", (96, 128)))]
+
+
+def _same(got: list[FrameResult], want: list[FrameResult]) -> None:
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g.keypoints.xy, w.keypoints.xy)
+        np.testing.assert_array_equal(g.keypoints.scores, w.keypoints.scores)
+        np.testing.assert_array_equal(g.detections.boxes, w.detections.boxes)
+        np.testing.assert_array_equal(g.seg, w.seg)
+        np.testing.assert_array_equal(g.pointmap, w.pointmap)
+        np.testing.assert_array_equal(g.keypoints3d.xyz, w.keypoints3d.xyz)
+        np.testing.assert_array_equal(g.keypoints3d.valid, w.keypoints3d.valid)
+
+
+def _cpu_results(estimators: dict, steps: int) -> list[list[FrameResult]]:
+    cpu = _engine(estimators, torch.device("cpu"))
+    return [cpu.finish_batch(cpu.submit_batch(_step(i)), False) for i in range(steps)]
+
+
+# -- the engine's step -------------------------------------------------------------------------
+def test_a_pipelined_cuda_run_gives_the_cpu_results_without_a_device_wide_sync(estimators: dict,
+                                                                               gpu: FakeGpu) -> None:
+    """As the runner drives it on CUDA: step t+1 is queued before step t is finished. Each result is
+    read after its own events only; a result read before its copy landed would be NaN or 90."""
+    want = _cpu_results(estimators, 3)
+    engine = _engine(estimators, CUDA)
+    pending = engine.submit_batch(_step(0))
+    got = []
+    for i in (1, 2):
+        queued = engine.submit_batch(_step(i))
+        got.append(engine.finish_batch(pending, False))
+        pending = queued
+    got.append(engine.finish_batch(pending, False))
+    for g, w in zip(got, want):
+        _same(g, w)
+    assert gpu.calls("device.synchronize") == []
+    latency = got[0][0].latency_ms  # read from the stage's own CUDA events, completed
+    assert {"upload", "seg", "pointmap", "pose", "keypoints3d"} <= set(latency)
+    assert all(latency[k] > 0 for k in ("upload", "seg", "pointmap", "pose", "keypoints3d"))
+
+
+def test_every_lane_that_reads_the_frame_waits_for_its_upload(estimators: dict, gpu: FakeGpu) -> None:
+    engine = _engine(estimators, CUDA)
+    lanes = engine.lanes.streams
+    pending = engine.submit_batch(_step(0))
+    uploaded = next(e for kind, s, e in reversed(gpu.calls("record")) if s is lanes["upload"])
+    frames = {w.image.untyped_storage().data_ptr() for w in pending.frames}
+    for lane in ("seg", "dense", "pose"):  # segmentation, the pointmap, pose: each reads the uploaded frames
+        queued = lanes[lane].items
+        assert queued[0] == ("wait", uploaded), f"{lane} queued work before waiting for the upload"
+        kept = {ptr for kind, stream, ptr in gpu.calls("record_stream") if stream is lanes[lane]}
+        assert frames <= kept, f"{lane} reads frames the allocator could hand out again under it"
+    for event in pending.dense_done:  # the 3D step on the pose lane reads the dense maps: after them
+        assert ("wait", lanes["pose"], event) in gpu.log
+        assert event.stream in (lanes["seg"], lanes["dense"])
+    engine.finish_batch(pending, False)
+
+
+def test_finishing_a_step_waits_for_that_steps_events_only(estimators: dict, gpu: FakeGpu) -> None:
+    engine = _engine(estimators, CUDA)
+    first = engine.submit_batch(_step(0))
+    start = gpu.ticks
+    second = engine.submit_batch(_step(1))
+    assert second.done and all(e.stream is not None and e.tick > start for e in second.done)
+    for host in [*second.outputs.values(), *(t for w in second.frames for t in w.outputs.values())]:
+        assert host.is_pinned(), "a result copied to pageable memory (the host waits for it)"
+    before = len(gpu.log)
+    engine.finish_batch(second, False)
+    waited = [entry[1] for entry in gpu.log[before:] if entry[0] == "event.synchronize"]
+    assert waited and all(e.tick > start for e in waited)  # the step before is none of its business
+    assert not any(entry[0] in ("device.synchronize", "stream.synchronize") for entry in gpu.log[before:])
+    engine.finish_batch(first, False)  # (done already: its streams ran on to the later step's events)
+
+
+@pytest.mark.parametrize("pinned, overlap", [(False, True), (True, False)])
+def test_pageable_memory_and_one_stream_give_the_same_results(estimators: dict, gpu: FakeGpu, pinned: bool,
+                                                              overlap: bool) -> None:
+    """--no-pinned-memory: plain copies the host waits for, no events to wait on; overlap off (a
+    benchmark's baseline): every lane is one stream, in order."""
+    want = _cpu_results(estimators, 2)
+    engine = _engine(estimators, CUDA, pinned=pinned, overlap=overlap)
+    assert len({id(s) for s in engine.lanes.streams.values()}) == (6 if overlap else 1)
+    got = []
+    for i in range(2):
+        pending = engine.submit_batch(_step(i))
+        assert bool(pending.done) is pinned
+        got.append(engine.finish_batch(pending, False))
+    for g, w in zip(got, want):
+        _same(g, w)
+    copies = {c[2:] for c in gpu.calls("h2d")}
+    assert copies == ({("pinned", True)} if pinned else {("pageable", False)})
+    if not pinned:
+        assert gpu.calls("d2h") == [] and gpu.calls("d2h.blocking")
+
+
+# -- the pieces ------------------------------------------------------------------------------
+def test_the_staging_ring_reuses_a_buffer_only_after_the_device_read_it(gpu: FakeGpu) -> None:
+    lanes = Lanes(CUDA, overlap=True, pinned=True)
+    ring, stream = lanes.staging, lanes.streams["upload"]
+    frames = [np.full((4, 6, 3), i, np.uint8) for i in range(6)]
+    with lanes.use("upload"):
+        outs = [ring.upload(f) for f in frames[:4]]  # no copy read yet: four buffers
+        assert ring.buffers() == 4
+        gpu.complete(stream, stream.items.index(next(i for i in stream.items if i[0] == "record")) + 1)
+        outs.append(ring.upload(frames[4]))  # the device read the first one: it is used again
+        assert ring.buffers() == 4
+        gpu.idle()
+        outs.append(ring.upload(frames[5]))
+    for frame, out in zip(frames, outs):
+        np.testing.assert_array_equal(out.numpy(), frame)
+    copies = gpu.calls("h2d")
+    assert len(copies) == 6 and all(c[1] is stream and c[2:] == ("pinned", True) for c in copies)
+    # each copy's event is recorded right after it, on its stream: its completion says the buffer was read
+    kinds = [item[0] for item in stream.items]
+    assert kinds == ["read", "record"] * 6
+
+
+def test_clock_reads_timing_events_of_the_stages_streams(gpu: FakeGpu) -> None:
+    clock = Clock(CUDA)
+    a, b = FakeStream(gpu, 7), FakeStream(gpu, 8)
+    clock.start("seg", a)
+    clock.start("pose", b)
+    clock.stop("seg", a)  # pose is never stopped: it did not run to the end of this step
+    assert [s for kind, s, _ in gpu.calls("record")] == [a, b, a]
+    assert clock.millis() == {"seg": 2.0}  # (the stand-in's time: events apart)
+
+
+def test_an_upload_of_its_own_is_pinned_and_does_not_block(gpu: FakeGpu) -> None:
+    data = np.arange(8, dtype=np.float32).reshape(2, 4)
+    out = upload(data, CUDA)
+    np.testing.assert_array_equal(out.numpy(), data)
+    assert gpu.calls("h2d") == [("h2d", gpu.default, "pinned", True)]
+    out = upload(data, CUDA, pinned=False)  # pageable: a plain copy, the host waits
+    assert gpu.calls("h2d")[-1] == ("h2d", gpu.default, "pageable", False)
+    np.testing.assert_array_equal(out.numpy(), data)
