@@ -207,3 +207,133 @@ def test_an_upload_of_its_own_is_pinned_and_does_not_block(gpu: FakeGpu) -> None
     out = upload(data, CUDA, pinned=False)  # pageable: a plain copy, the host waits
     assert gpu.calls("h2d")[-1] == ("h2d", gpu.default, "pageable", False)
     np.testing.assert_array_equal(out.numpy(), data)
+
+
+def test_a_stage_warm_up_on_cuda_waits_for_its_own_lane_only(estimators: dict, gpu: FakeGpu,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """stages/sapiens2/estimators.py: the warm-up ends when its stream is done (its shapes run, its
+    graphs captured), not when the whole device is (another stage warms up on another lane)."""
+    seg = estimators["seg"]
+    monkeypatch.setattr(type(seg), "device", property(lambda self: CUDA))
+    lane = torch.cuda.Stream(CUDA)
+    with torch.cuda.stream(lane):
+        seg.warmup(2)
+    assert gpu.calls("stream.synchronize") == [("stream.synchronize", lane)] and not gpu.calls("device.synchronize")
+    copies = gpu.calls("h2d")  # its pictures, uploaded as frames are: page-locked, on its lane, not waited for
+    assert copies and set(copies) == {("h2d", lane, "pinned", True)}
+
+
+# -- sinks, metrics, the run ------------------------------------------------------------------
+def _picture(h: int, w: int, seed: int) -> np.ndarray:
+    y, x = np.mgrid[0:h, 0:w]
+    return np.stack([(x * 255 // w + 40 * seed) % 256, y * 255 // h, np.full((h, w), 60 * seed % 256)],
+                    axis=-1).astype(np.uint8)
+
+
+def test_gpu_jpeg_stages_each_size_once_and_copies_on_its_own_stream(gpu: FakeGpu,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """pipeline/sinks/jpeg.py on CUDA: the frame goes through one page-locked buffer per size (not
+    rewritten before its copy was read: the fake refuses that), copied on the encoder's own stream
+    (never a model's), which is done before nvJPEG reads it; the JPEG holds the frame."""
+    import cv2
+
+    from pipeline.sinks.jpeg import JpegEncoder
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    encoder = JpegEncoder(90, "auto")
+    own = encoder._stream
+    assert encoder.active and encoder.device.type == "cuda" and own is not gpu.default
+    pictures = [_picture(48, 64, 0), _picture(48, 64, 1), _picture(32, 40, 2)]
+    for picture in pictures:
+        data = encoder.encode(picture)
+        decoded = cv2.cvtColor(cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR), cv2.COLOR_BGR2RGB)
+        assert decoded.shape == picture.shape and np.abs(decoded.astype(int) - picture).mean() < 3.0
+    assert encoder.active and len(gpu.pinned) == 2  # one buffer per frame size
+    assert gpu.calls("h2d") == [("h2d", own, "pinned", True)] * 3
+    assert gpu.calls("stream.synchronize") == [("stream.synchronize", own)] * 3
+
+
+def test_gpu_memory_is_read_for_the_runs_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipeline.metrics import PipelineMetrics, _gauge_values
+
+    asked: list = []
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: asked.append(device) or 1234)
+    metrics = PipelineMetrics()
+    metrics.describe_run(["pose"], "0.4b", "bfloat16", CUDA, False)
+    metrics.collect_now()
+    assert asked == [CUDA] and _gauge_values(metrics.gpu_memory) == [({"device": "cuda:0"}, 1234.0)]
+    on_cpu = PipelineMetrics()
+    on_cpu.describe_run(["pose"], "0.4b", "float32", torch.device("cpu"), False)
+    on_cpu.collect_now()
+    assert asked == [CUDA] and _gauge_values(on_cpu.gpu_memory) == []
+
+
+class Frames:
+    """A file source whose frames are all waiting (no timing in the test)."""
+
+    frames_dropped = reopens = 0
+
+    def __init__(self, n: int) -> None:
+        from stages.types import StreamInfo
+
+        self.frames = [_step(i)[0] for i in range(n)]
+        self.info = StreamInfo("a", 120, 100, 30.0, Fraction(1, 30), live=False)
+        self.frame_count = n
+
+    def read(self, timeout: float) -> Frame:
+        from pipeline.sources import SourceEnded
+
+        if not self.frames:
+            raise SourceEnded("end")
+        return self.frames.pop(0)
+
+    def mark_random_weights(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+
+class Collect:
+    uses_image = False
+
+    def __init__(self) -> None:
+        self.results: list[FrameResult] = []
+
+    def open(self, info) -> None:
+        pass
+
+    def write(self, result: FrameResult) -> None:
+        self.results.append(result)
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_cuda_run_warms_up_before_its_first_frame_and_pipelines(estimators: dict, gpu: FakeGpu,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """pipeline/app.py: on CUDA the stages warm up on their lanes (and the detector per frame size)
+    even with nothing else to check; pipeline/runner.py: a CUDA engine queues step t+1 before it
+    finishes step t. Every frame comes out, in order, as the CPU computes it."""
+    import threading
+
+    from pipeline.app import assemble
+    from pipeline.config import RunConfig
+
+    warmed: list[tuple] = []
+    real_warm_up = FrameEngine.warm_up
+    monkeypatch.setattr(FrameEngine, "warm_up", lambda self, *a: (warmed.append(a), real_warm_up(self, *a))[1])
+    chosen = {task: estimators[task] for task in ("pose", "seg")}
+    assert not any(est.needs_warm_up for est in chosen.values())  # on the CPU nothing would warm up
+    sink = Collect()
+    cfg = RunConfig(source=["a"], progress=False)
+    runner, _ = assemble(cfg, [Frames(4)], Stages(CUDA, TwoPeople(), chosen), [sink], threading.Event())
+    assert warmed == [(cfg.max_persons, 1, ((100, 120),))] and runner.pipelined
+    stats = runner.run()
+    assert stats.error is None and [r.frame.index for r in sink.results] == [0, 1, 2, 3]
+    cpu = FrameEngine(Stages(torch.device("cpu"), TwoPeople(), chosen))
+    for result in sink.results:
+        want = cpu.finish(cpu.submit(_step(result.frame.index)[0]), False)
+        np.testing.assert_array_equal(result.keypoints.xy, want.keypoints.xy)
+        np.testing.assert_array_equal(result.seg, want.seg)
+    assert gpu.calls("device.synchronize") == []
