@@ -337,3 +337,39 @@ def test_a_cuda_run_warms_up_before_its_first_frame_and_pipelines(estimators: di
         np.testing.assert_array_equal(result.keypoints.xy, want.keypoints.xy)
         np.testing.assert_array_equal(result.seg, want.seg)
     assert gpu.calls("device.synchronize") == []
+
+
+# -- compiling ---------------------------------------------------------------------------------
+def test_compiled_kernels_are_kept_per_gpu_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    from stages.sapiens2.compiled import device_label
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200 NVL")
+    assert device_label(CUDA) == "NVIDIA-H200-NVL-sm90" and device_label(torch.device("cpu")) == "cpu"
+
+
+def test_the_background_compile_runs_on_a_stream_of_its_own(gpu: FakeGpu) -> None:
+    """stages/sapiens2/compiled.py on CUDA: the compile's input is made and run on its own stream, and
+    it waits for that stream only (the stages go on on theirs)."""
+    from stages.sapiens2.compiled import BackgroundCompile
+
+    on: list[FakeStream] = []
+
+    def make(shape: tuple[int, ...]):
+        def compiled(x: torch.Tensor) -> tuple[torch.Tensor, None]:
+            on.append(torch.cuda.current_stream())
+            return x * 2.0, None
+        return compiled
+
+    def make_input(shape: tuple[int, ...]) -> torch.Tensor:
+        on.append(torch.cuda.current_stream())
+        return torch.zeros(shape)
+
+    compiler = BackgroundCompile(make, make_input, CUDA, "pose")
+    try:
+        compiler.submit((1, 3, 4, 4))
+        assert compiler.wait(timeout=120) and compiler.compiled_for((1, 3, 4, 4)) is not None
+    finally:
+        compiler.close()
+    assert len(on) == 2 and on[0] is on[1] and on[0] is not gpu.default
+    assert gpu.calls("stream.synchronize") == [("stream.synchronize", on[0])] and not gpu.calls("device.synchronize")
