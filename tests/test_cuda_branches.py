@@ -373,3 +373,36 @@ def test_the_background_compile_runs_on_a_stream_of_its_own(gpu: FakeGpu) -> Non
         compiler.close()
     assert len(on) == 2 and on[0] is on[1] and on[0] is not gpu.default
     assert gpu.calls("stream.synchronize") == [("stream.synchronize", on[0])] and not gpu.calls("device.synchronize")
+
+
+# -- the detector's device ---------------------------------------------------------------------
+class Elsewhere(TwoPeople):
+    """A YOLO detector built on another device than the stages (PersonDetector() without a device
+    takes the current one, cuda:0, beside stages on cuda:1): it refuses frames that are not on its
+    device, as PersonDetector.detect_tensors does."""
+
+    device = CUDA
+
+    def __init__(self) -> None:
+        self.host_frames = 0
+
+    def detect_tensors(self, images: list[torch.Tensor]) -> list[Detections]:
+        raise ValueError(f"detector input is on {images[0].device}, the detector on {self.device}")
+
+    def detect_batch(self, images: list[np.ndarray]) -> list[Detections]:
+        self.host_frames += len(images)
+        return super().detect_batch(images)
+
+
+def test_a_detector_on_another_device_than_the_frames_gets_them_from_the_host(estimators: dict) -> None:
+    """The frames reach it through the host, at warm-up and on every step: the run goes on. (The
+    stages run on the CPU here and the detector says cuda:0: the same mismatch, turned round.)"""
+    detector = Elsewhere()
+    engine = FrameEngine(Stages(torch.device("cpu"), detector, {"pose": estimators["pose"]}))
+    engine.warm_up(max_persons=1, frame_sizes=((100, 120),))
+    assert detector.host_frames == 1
+    results = engine.finish_batch(engine.submit_batch(_step(0)), False)
+    assert detector.host_frames == 3 and [len(r.detections) for r in results] == [2, 2]
+    cpu = FrameEngine(Stages(torch.device("cpu"), TwoPeople(), {"pose": estimators["pose"]}))
+    for got, expected in zip(results, cpu.finish_batch(cpu.submit_batch(_step(0)), False)):
+        np.testing.assert_array_equal(got.keypoints.xy, expected.keypoints.xy)
