@@ -278,6 +278,20 @@ def test_on_cuda_float16_is_asked_of_ultralytics_on_the_indexed_device(half: boo
     assert kwargs["device"] == torch.device("cuda", 0) and kwargs.get("quantize") == (16 if half else None)
 
 
+def test_with_float16_asked_ultralytics_sets_its_predictor_up_once(bus_rgb: np.ndarray) -> None:
+    """Ultralytics builds a new predictor (a deep copy of the YOLO, fused, warmed up) whenever a setup
+    argument (device, quantize) differs from its predictor's: the float16 a GPU run asks for must
+    compare equal call after call, on the host path and the device path. (Asked here on the CPU,
+    where its AutoBackend ignores it: the comparison is the same.)"""
+    detector = PersonDetector("yolo11n.yaml", conf=0.01, imgsz=320, device="cpu")
+    detector.half = True  # as on CUDA
+    detector.detect(bus_rgb)
+    predictor = detector.model.predictor
+    detector.detect(bus_rgb)
+    detector.detect_tensors([torch.from_numpy(bus_rgb).permute(2, 0, 1).contiguous()])
+    assert detector.model.predictor is predictor and predictor.args.quantize == 16
+
+
 def test_detect_does_not_synchronise_the_device(monkeypatch) -> None:
     """Ultralytics' step timer calls a device-wide synchronize; inside detect() it must not, and only
     on the thread that is detecting: another thread's timer still synchronises meanwhile."""
