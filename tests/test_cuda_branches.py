@@ -46,14 +46,21 @@ class TwoPeople:
 
 
 @pytest.fixture(scope="module")
-def estimators(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    out = {}
-    for task in ("pose", "seg", "pointmap"):
-        arch = {} if task == "pointmap" else {"image_size": (64, 48)}  # the pointmap's scale branch fixes its own
-        model = load_model(make_tiny(tmp_path_factory.mktemp(task), task, **arch), device="cpu")
-        kwargs = {"input_size": tuple(model.cfg.image_size)} if task == "pointmap" else {}
-        out[task] = ESTIMATORS[task](model, **kwargs)
-    return out
+def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    # the pointmap's scale branch fixes its own input size
+    return {task: make_tiny(tmp_path_factory.mktemp(task), task, **({} if task == "pointmap" else
+                                                                     {"image_size": (64, 48)}))
+            for task in ("pose", "seg", "pointmap")}
+
+
+def _estimator(task: str, folder: Path, dtype: str = "float32"):
+    model = load_model(folder, device="cpu", dtype=dtype)
+    return ESTIMATORS[task](model, **({"input_size": tuple(model.cfg.image_size)} if task == "pointmap" else {}))
+
+
+@pytest.fixture(scope="module")
+def estimators(checkpoints: dict[str, Path]) -> dict:
+    return {task: _estimator(task, folder) for task, folder in checkpoints.items()}
 
 
 @pytest.fixture
@@ -406,3 +413,41 @@ def test_a_detector_on_another_device_than_the_frames_gets_them_from_the_host(es
     cpu = FrameEngine(Stages(torch.device("cpu"), TwoPeople(), {"pose": estimators["pose"]}))
     for got, expected in zip(results, cpu.finish_batch(cpu.submit_batch(_step(0)), False)):
         np.testing.assert_array_equal(got.keypoints.xy, expected.keypoints.xy)
+
+
+def test_a_float16_dense_stage_falls_back_and_the_3d_step_runs_again_on_cuda(checkpoints: dict[str, Path],
+                                                                             estimators: dict, gpu: FakeGpu,
+                                                                             caplog) -> None:
+    """pipeline/fallback.py: the pointmap overflows float16 (stood in for: its raw maps poisoned); it is
+    computed again in bfloat16 and the 3D keypoints again on the new map, from this step's keypoints
+    brought back to the device. The step's results are those of a bfloat16 pointmap from the start."""
+    import logging
+
+    def run(poisoned: bool) -> list[FrameResult]:
+        pointmap = _estimator("pointmap", checkpoints["pointmap"], "float16")
+        if poisoned:
+            real = pointmap.forward
+
+            def forward(pixels: torch.Tensor):
+                maps, scale = real(pixels)
+                if pointmap.model.dtype == torch.float16:
+                    maps = maps.clone()
+                    maps.view(-1)[0] = float("inf")
+                return maps, scale
+
+            pointmap.forward = forward
+        else:
+            pointmap.set_dtype(torch.bfloat16)
+        engine = _engine({"pose": estimators["pose"], "pointmap": pointmap}, CUDA)
+        with caplog.at_level(logging.WARNING, "pipeline.engine"):
+            out = engine.finish_batch(engine.submit_batch(_step(0)), False)
+        assert pointmap.model.dtype == torch.bfloat16
+        return out
+
+    clean, published = run(False), run(True)
+    assert len([r for r in caplog.records if "float16 overflowed" in r.getMessage()]) == 1
+    for got, want in zip(published, clean):
+        assert np.isfinite(got.pointmap).all()
+        np.testing.assert_array_equal(got.pointmap, want.pointmap)
+        np.testing.assert_array_equal(got.keypoints3d.xyz, want.keypoints3d.xyz)
+        np.testing.assert_array_equal(got.keypoints3d.valid, want.keypoints3d.valid)
