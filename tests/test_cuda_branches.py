@@ -7,7 +7,9 @@ What a GPU run relies on: every lane that reads an uploaded frame waits for the 
 keeps the frame's memory in use; results come back through page-locked buffers whose events the
 host waits for, this step's only (never a device-wide synchronize); stage timing reads completed
 events; the staging ring never rewrites a buffer a copy has not read; pageable and one-stream modes
-give the same results; the run pipelines and warms up on CUDA.
+give the same results; the run pipelines and warms up on CUDA; a float16 dense stage falls back with
+the 3D step redone. Beside the engine: a stage's warm-up, GPU JPEG, GPU memory metrics, the
+background compile's stream, and a detector on another device than the frames.
 """
 
 from __future__ import annotations
