@@ -34,6 +34,7 @@ from stages.sapiens2.preprocess import upload
 from stages.sapiens2.tiny import make_tiny
 from stages.types import Detections, Frame, FrameResult
 from tests.fakecuda import FakeGpu, FakeStream
+from tests.test_gpu_path import Collect, Frames
 
 CUDA = torch.device("cuda", 0)
 pytestmark = pytest.mark.timeout(300)
@@ -277,48 +278,6 @@ def test_gpu_memory_is_read_for_the_runs_device(monkeypatch: pytest.MonkeyPatch)
     assert asked == [CUDA] and _gauge_values(on_cpu.gpu_memory) == []
 
 
-class Frames:
-    """A file source whose frames are all waiting (no timing in the test)."""
-
-    frames_dropped = reopens = 0
-
-    def __init__(self, n: int) -> None:
-        from stages.types import StreamInfo
-
-        self.frames = [_step(i)[0] for i in range(n)]
-        self.info = StreamInfo("a", 120, 100, 30.0, Fraction(1, 30), live=False)
-        self.frame_count = n
-
-    def read(self, timeout: float) -> Frame:
-        from pipeline.sources import SourceEnded
-
-        if not self.frames:
-            raise SourceEnded("end")
-        return self.frames.pop(0)
-
-    def mark_random_weights(self) -> None:
-        pass
-
-    def stop(self) -> None:
-        pass
-
-
-class Collect:
-    uses_image = False
-
-    def __init__(self) -> None:
-        self.results: list[FrameResult] = []
-
-    def open(self, info) -> None:
-        pass
-
-    def write(self, result: FrameResult) -> None:
-        self.results.append(result)
-
-    def close(self) -> None:
-        pass
-
-
 def test_a_cuda_run_warms_up_before_its_first_frame_and_pipelines(estimators: dict, gpu: FakeGpu,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """pipeline/app.py: on CUDA the stages warm up on their lanes (and the detector per frame size)
@@ -335,14 +294,14 @@ def test_a_cuda_run_warms_up_before_its_first_frame_and_pipelines(estimators: di
     chosen = {task: estimators[task] for task in ("pose", "seg")}
     assert not any(est.needs_warm_up for est in chosen.values())  # on the CPU nothing would warm up
     sink = Collect()
-    cfg = RunConfig(source=["a"], progress=False)
+    cfg = RunConfig(source=["cam"], progress=False)
     runner, _ = assemble(cfg, [Frames(4)], Stages(CUDA, TwoPeople(), chosen), [sink], threading.Event())
     assert warmed == [(cfg.max_persons, 1, ((100, 120),))] and runner.pipelined
     stats = runner.run()
     assert stats.error is None and [r.frame.index for r in sink.results] == [0, 1, 2, 3]
     cpu = FrameEngine(Stages(torch.device("cpu"), TwoPeople(), chosen))
     for result in sink.results:
-        want = cpu.finish(cpu.submit(_step(result.frame.index)[0]), False)
+        want = cpu.finish(cpu.submit(result.frame), False)
         np.testing.assert_array_equal(result.keypoints.xy, want.keypoints.xy)
         np.testing.assert_array_equal(result.seg, want.seg)
     assert gpu.calls("device.synchronize") == []

@@ -158,6 +158,7 @@ class Frames:
         self.frames = [Frame(i, rng.integers(0, 255, (100, 120, 3), dtype=np.uint8), i, Fraction(1, 30),
                              time.time_ns(), "cam") for i in range(n)]
         self.info = StreamInfo("cam", 120, 100, 30.0, Fraction(1, 30), live=False)
+        self.frame_count = n
 
     def read(self, timeout: float):
         from pipeline.sources import SourceEnded
