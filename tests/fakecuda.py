@@ -222,7 +222,7 @@ class FakeGpu(FakeCuda):
         self.reading: dict[int, int] = {}  # id of a page-locked buffer -> copies to the device not done
         super().__init__(monkeypatch)
         gpu = self
-        monkeypatch.setattr(torch.cuda, "Stream", lambda device=None, priority=0: (_cuda_index(device), self._stream())[1])
+        monkeypatch.setattr(torch.cuda, "Stream", self._new_stream)
         monkeypatch.setattr(torch.cuda, "Event", lambda *a, **k: FakeEvent(self, *a, **k))
         monkeypatch.setattr(torch.cuda, "stream", self._use)
         monkeypatch.setattr(torch.cuda, "default_stream", lambda device=None: self.default)
@@ -298,6 +298,10 @@ class FakeGpu(FakeCuda):
     @current.setter
     def current(self, value: list) -> None:
         pass
+
+    def _new_stream(self, device: Any = None, priority: int = 0) -> FakeStream:
+        _cuda_index(device)  # torch.cuda.Stream(device) reads it as torch.cuda.device does
+        return self._stream()
 
     def _stream(self) -> FakeStream:
         self.streams.append(FakeStream(self, len(self.streams)))

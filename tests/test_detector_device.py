@@ -134,7 +134,8 @@ def test_in_float16_the_device_path_finds_the_host_paths_boxes(monkeypatch: pyte
     predictor.model.backend.model.half()
     fed: list[torch.dtype] = []
     real_inference = predictor.inference
-    monkeypatch.setattr(predictor, "inference", lambda im, *a, **k: (fed.append(im.dtype), real_inference(im, *a, **k))[1])
+    monkeypatch.setattr(predictor, "inference",
+                        lambda im, *a, **k: (fed.append(im.dtype), real_inference(im, *a, **k))[1])
     host = detector.detect_batch([image])[0]
     device = detector.detect_tensors([_chw(image)])[0]
     assert fed == [torch.float16, torch.float16] and len(host) > 0
