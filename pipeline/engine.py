@@ -54,6 +54,14 @@ from .stages_setup import Stages
 
 log = logging.getLogger(__name__)
 
+def _takes_device_frames(detector, frame: Tensor) -> bool:
+    """Whether the detector gets the uploaded frames (``detect_tensors``): it takes them and works on
+    the device they are on. One on another device (PersonDetector() takes the current CUDA device,
+    beside stages on another) gets the host frames: it refuses the others. A tensor's device is
+    always indexed, so this never compares ``cuda`` with ``cuda:0``."""
+    return hasattr(detector, "detect_tensors") and getattr(detector, "device", frame.device) == frame.device
+
+
 class FrameEngine(PrecisionFallback):
     """Runs the configured stages on steps of frames, overlapping the stages on CUDA streams."""
 
@@ -104,7 +112,12 @@ class FrameEngine(PrecisionFallback):
             t0 = time.perf_counter()
             with self.lanes.use("detect"):
                 for h, w in sorted(set(frame_sizes)):
-                    detector.detect_tensors([to_device_image(np.zeros((h, w, 3), np.uint8), self.device, False)])
+                    image = np.zeros((h, w, 3), np.uint8)
+                    frame = to_device_image(image, self.device, False)
+                    if _takes_device_frames(detector, frame):
+                        detector.detect_tensors([frame])
+                    else:
+                        detector.detect_batch([image])
             seconds["detect"] = time.perf_counter() - t0
         for task in self.stages.estimators:
             seconds[task] = self._warm(task)
@@ -240,7 +253,7 @@ class FrameEngine(PrecisionFallback):
                 state.since_detect, state.carry = 0, None  # the pose of this frame's persons carries, if any
                 due.append(work)
         detector, found = self.stages.detector, []
-        if due and hasattr(detector, "detect_tensors"):
+        if due and _takes_device_frames(detector, due[0].image):
             self.lanes.after(uploaded, "detect", *(w.image for w in due))
             found = detector.detect_tensors([w.image for w in due])
         elif due:

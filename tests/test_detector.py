@@ -261,6 +261,37 @@ def test_results_become_sorted_detections(yaml_detector: PersonDetector, monkeyp
     assert "half" not in kwargs  # deprecated in Ultralytics (a warning per call); fp16 is quantize=16
 
 
+@pytest.mark.parametrize("half", [True, False])
+def test_on_cuda_float16_is_asked_of_ultralytics_on_the_indexed_device(half: bool,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a GPU (its presence stood in for) the detector asks Ultralytics for float16 with quantize=16
+    (its AutoBackend then runs the YOLO and takes its input in float16) on cuda:N, never plain cuda."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    detector = PersonDetector("yolo11n.yaml", imgsz=320, device="cuda", half=half)
+    assert detector.device == torch.device("cuda", 0) and detector.half is half
+    fake = _FakeYolo()
+    monkeypatch.setattr(detector, "model", fake)
+    detector.detect(np.zeros((10, 10, 3), np.uint8))
+    kwargs = fake.calls[0][1]
+    assert kwargs["device"] == torch.device("cuda", 0) and kwargs.get("quantize") == (16 if half else None)
+
+
+def test_with_float16_asked_ultralytics_sets_its_predictor_up_once(bus_rgb: np.ndarray) -> None:
+    """Ultralytics builds a new predictor (a deep copy of the YOLO, fused, warmed up) whenever a setup
+    argument (device, quantize) differs from its predictor's: the float16 a GPU run asks for must
+    compare equal call after call, on the host path and the device path. (Asked here on the CPU,
+    where its AutoBackend ignores it: the comparison is the same.)"""
+    detector = PersonDetector("yolo11n.yaml", conf=0.01, imgsz=320, device="cpu")
+    detector.half = True  # as on CUDA
+    detector.detect(bus_rgb)
+    predictor = detector.model.predictor
+    detector.detect(bus_rgb)
+    detector.detect_tensors([torch.from_numpy(bus_rgb).permute(2, 0, 1).contiguous()])
+    assert detector.model.predictor is predictor and predictor.args.quantize == 16
+
+
 def test_detect_does_not_synchronise_the_device(monkeypatch) -> None:
     """Ultralytics' step timer calls a device-wide synchronize; inside detect() it must not, and only
     on the thread that is detecting: another thread's timer still synchronises meanwhile."""

@@ -63,6 +63,10 @@ def test_the_device_letterbox_is_ultralytics_letterbox(hw: tuple[int, int], auto
 
 @pytest.fixture(scope="module")
 def sharp_detector() -> Iterator[PersonDetector]:
+    yield _sharp()
+
+
+def _sharp() -> PersonDetector:
     """A random-weights YOLO11n whose outputs depend on the picture: He-initialised convolutions and
     a steep person logit, the other classes' at 0 (Ultralytics' own init gives every box the same
     tiny score): scores spread over 0.5..0.98."""
@@ -79,7 +83,7 @@ def sharp_detector() -> Iterator[PersonDetector]:
         for branch in detector.model.model.model[-1].cv3:  # the class logits
             branch[-1].weight[1:] = 0.0
             branch[-1].weight[0] *= 100.0
-    yield detector
+    return detector
 
 
 def _match(a, b, exact: bool, conf: float = 0.9) -> None:
@@ -116,6 +120,26 @@ def test_a_batch_of_frames_of_two_sizes_gives_each_its_own_boxes(sharp_detector:
     for h, d in zip(host, device):
         _match(h, d, exact=False)
     assert sharp_detector.detect_tensors([]) == []
+
+
+def test_in_float16_the_device_path_finds_the_host_paths_boxes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On CUDA, quantize=16 makes Ultralytics' AutoBackend hold the YOLO in float16 and take float16
+    input; on the CPU it never does, so here the backend is switched to float16 as a GPU has it. The
+    device path's letterbox, made float16 as the host path's is, finds the same boxes."""
+    detector = _sharp()
+    image = _bus((480, 640))  # an integer scale factor: both letterboxes give the same pixels
+    detector.detect_batch([image])  # Ultralytics sets its predictor (and AutoBackend) up
+    predictor = detector.model.predictor
+    predictor.model.backend.fp16 = True
+    predictor.model.backend.model.half()
+    fed: list[torch.dtype] = []
+    real_inference = predictor.inference
+    monkeypatch.setattr(predictor, "inference",
+                        lambda im, *a, **k: (fed.append(im.dtype), real_inference(im, *a, **k))[1])
+    host = detector.detect_batch([image])[0]
+    device = detector.detect_tensors([_chw(image)])[0]
+    assert fed == [torch.float16, torch.float16] and len(host) > 0
+    _match(host, device, exact=True)
 
 
 def test_device_input_is_checked(sharp_detector: PersonDetector) -> None:

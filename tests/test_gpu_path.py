@@ -158,6 +158,7 @@ class Frames:
         self.frames = [Frame(i, rng.integers(0, 255, (100, 120, 3), dtype=np.uint8), i, Fraction(1, 30),
                              time.time_ns(), "cam") for i in range(n)]
         self.info = StreamInfo("cam", 120, 100, 30.0, Fraction(1, 30), live=False)
+        self.frame_count = n
 
     def read(self, timeout: float):
         from pipeline.sources import SourceEnded
@@ -301,6 +302,32 @@ def test_float16_fall_back_when_the_next_step_is_already_queued(hot_mlp_dir: Pat
     assert warmed == [torch.float16, torch.bfloat16]
     again = engine.finish(engine.submit(_frame(1)), False)
     np.testing.assert_allclose(results[1].keypoints.xy, again.keypoints.xy, atol=1e-3)
+
+
+def test_float16_fall_back_on_cuda_changes_the_weights_only_when_no_stream_reads_them(
+        hot_mlp_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On CUDA (streams and events stood in for: tests/fakecuda.py), the next step is queued in float16
+    on the pose lane when this one overflows: the cast waits for the device (torch.cuda.synchronize
+    with the engine's own device), and the queued step is computed again in bfloat16."""
+    import pipeline.lanes
+    from tests.fakecuda import FakeGpu
+
+    gpu = FakeGpu(monkeypatch)
+    monkeypatch.setattr(pipeline.lanes, "_STREAMS", {})
+    pose = ESTIMATORS["pose"](load_model(hot_mlp_dir, device="cpu", dtype="float16"))
+    monkeypatch.setattr(FastForward, "_float16_disagrees", lambda self, pixels: None)
+    engine = FrameEngine(Stages(torch.device("cuda", 0), TwoPeople(), {"pose": pose}))
+    engine.warm_up(max_persons=2)
+    idle_at_cast = []
+    real_set_dtype = pose.set_dtype
+    monkeypatch.setattr(pose, "set_dtype", lambda dtype: (idle_at_cast.append(all(s.query() for s in gpu.streams)),
+                                                          real_set_dtype(dtype))[1])
+    first, second = engine.submit(_frame(0)), engine.submit(_frame(1))
+    results = [engine.finish(first, False), engine.finish(second, False)]
+    assert pose.model.dtype == torch.bfloat16 and idle_at_cast == [True]
+    assert [call[1] for call in gpu.calls("device.synchronize")] == [torch.device("cuda", 0)] * 2
+    for result in results:
+        assert np.isfinite(result.keypoints.xy).all() and np.isfinite(result.keypoints.scores).all()
 
 
 def test_non_finite_outside_float16_stops_the_run(hot_mlp_dir: Path, tmp_path: Path) -> None:
