@@ -341,12 +341,24 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
     except (OSError, RuntimeError) as e:
         print(f"error: finishing the outputs failed: {e}", file=sys.stderr)
         return 1
-    skipped = dict(sub.stats.skipped)
-    if (skipped or sub.stats.missed or sub.stats.restarts) and rc != NOTHING_RECEIVED:  # else the error said it
-        restarts = f", restarts {sub.stats.restarts}" if sub.stats.restarts else ""
-        print(f"received {sub.stats.received}, skipped {skipped or 0}, missed {sub.stats.missed}{restarts}",
-              file=sys.stderr)
+    s = sub.stats
+    if (s.skipped or s.missed or s.restarts or s.disconnects) and rc != NOTHING_RECEIVED:  # else the error said it
+        print(stats_line(s, args.max_message_mb), file=sys.stderr)
     return rc
+
+
+def stats_line(stats: SubscriberStats, max_message_mb: float) -> str:
+    """The summary a subscription ends with: received, refused by reason, missed, restarts, dropped connections."""
+    reasons = ", ".join(f"{reason} {n}" for reason, n in stats.skipped.most_common())
+    out = f"received {stats.received}, skipped {sum(stats.skipped.values())}{f' ({reasons})' if reasons else ''}, " \
+          f"missed {stats.missed}"
+    if stats.restarts:
+        out += f", restarts {stats.restarts}"
+    if stats.disconnects:
+        oversized = (f" ({stats.reconnects} after a message over --max-message-mb {max_message_mb:g})"
+                     if stats.reconnects else "")
+        out += f", disconnects {stats.disconnects}{oversized}"
+    return out
 
 
 def _on_signals(handler: Any) -> None:
