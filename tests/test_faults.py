@@ -232,10 +232,11 @@ BAD_INPUT = [
     (["--matte-background", "missing.jpg"], ["matte_background", "missing.jpg"]),  # checked without matting too
     (["--detector", "yolo", "--detector-model", "person.pth"], ["person.pth", "Ultralytics"]),
     (["--checkpoint", "pose=./my-pose-ckpt"], ["pose=./my-pose-ckpt", "no such checkpoint", "hub id"]),
-    (["--record", "/proc/x.mp4"], ["record", "/proc/x.mp4", "cannot create"]),  # os.access says yes as root
+    (["--record", "/proc/x.mp4"], ["--record", "/proc/x.mp4", "cannot create", "/proc is not writable)"]),  # as root too
+    (["--save-keypoints", "/proc/kp.jsonl"], ["--save-keypoints", "/proc/kp.jsonl", "/proc is not writable)"]),
     (["--record", "{clip}"], ["record", "is the source file", "destroy the input"]),
-    (["--save-keypoints", "{clip}"], ["save_keypoints", "video name", ".jsonl"]),
-    (["--record", "same.mp4", "--save-keypoints", "same.mp4"], ["save_keypoints", "video name"]),
+    (["--save-keypoints", "{clip}"], ["--save-keypoints", "video name", ".jsonl"]),
+    (["--record", "same.mp4", "--save-keypoints", "same.mp4"], ["--save-keypoints", "video name"]),
     (["--metrics", "127.0.0.1:5588", "--control", "tcp://127.0.0.1:5588"], ["control and metrics", "5588"]),
     (["--publish", "tcp://127.0.0.1:5589", "--view", "127.0.0.1:5589"], ["publish and view", "5589"]),
 ]

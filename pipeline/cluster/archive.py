@@ -300,11 +300,11 @@ def _batch(args: argparse.Namespace, items: list[Item], out: Path) -> int:
 
 def refuse_batch_flags(args: argparse.Namespace) -> None:
     """ConfigError naming the run flags given that batch sets itself."""
-    from pipeline.config import FIELDS
+    from pipeline.config import flag_of
 
     given = [key for key in SET_BY_BATCH if getattr(args, key, None) is not None]
     if given:
-        flags = ", ".join("--" + (FIELDS[k].metadata.get("flag") or k.replace("_", "-")) for k in given)
+        flags = ", ".join(flag_of(k) for k in given)
         raise ConfigError(f"batch sets {flags} itself (sources come from INPUTS, outputs go to "
                           f"DIR/<video_id>/); leave {'it' if len(given) == 1 else 'them'} out")
 
