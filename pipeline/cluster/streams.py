@@ -36,7 +36,7 @@ import msgpack
 import zmq
 
 from sapiens2_client import wire
-from sapiens2_client.connection import ConnectionWatch
+from sapiens2_client.connection import ConnectionKeeper
 from sapiens2_client.endpoints import check_endpoint
 from sapiens2_client.keys import CurveClientKeys, KeysError
 from sapiens2_client.messages import KeypointsMessage, Message, StatusMessage, decode_message
@@ -237,7 +237,7 @@ class Bridge:
             curve.apply(self._sock)
         for topic in self.topics:
             self._sock.setsockopt(zmq.SUBSCRIBE, f"{topic}.".encode())
-        self._watch = ConnectionWatch(self._sock, [endpoint], rcvhwm)
+        self._watch = ConnectionKeeper(self._sock, [endpoint], rcvhwm)
         self._poller = zmq.Poller()
         self._poller.register(self._sock, zmq.POLLIN)
         self._poller.register(self._watch.monitor, zmq.POLLIN)

@@ -42,7 +42,7 @@ class Dropped:
     not_authorised: bool = False  # (of a failed handshake) the publisher said its key is not authorised
 
 
-class ConnectionWatch:
+class ConnectionKeeper:
     """Watches ``sock``'s connections to ``endpoints`` (the list is read, not copied: connect more later).
 
     Register ``monitor`` in the poller beside the socket; call ``read_events()`` when it is readable,

@@ -25,7 +25,7 @@ from typing import Any
 import zmq
 
 from . import wire
-from .connection import ConnectionWatch
+from .connection import ConnectionKeeper
 from .endpoints import check_endpoint
 from .images import CodecMissing
 from .keys import CurveClientKeys
@@ -129,7 +129,7 @@ class Subscriber:
         for prefix in _prefixes(topics, sources):
             self._sock.setsockopt(zmq.SUBSCRIBE, prefix.encode())
         self._endpoints: list[str] = []
-        self._watch = ConnectionWatch(self._sock, self._endpoints, self._rcvhwm)
+        self._watch = ConnectionKeeper(self._sock, self._endpoints, self._rcvhwm)
         self._held: collections.deque[list[bytes]] = collections.deque()  # taken out before a reconnect
         self._poller = zmq.Poller()
         self._poller.register(self._sock, zmq.POLLIN)
