@@ -364,7 +364,8 @@ def assemble(cfg: RunConfig, sources: Source | list[Source], stages: Stages, sin
     for note in stages.notes:
         log.warning(note)
     if stages.random_weights:
-        log.warning("RANDOM WEIGHTS in use: outputs are meaningless (tests and offline demo only)")
+        if stages.fallback is None:  # (a fallback's line said so already)
+            log.warning("RANDOM WEIGHTS in use: outputs are meaningless (tests and offline demo only)")
         for source in sources:
             source.mark_random_weights()
     for sink in sinks:  # status messages say how persons are found (a viewer explains "1 person" of a crowd)
