@@ -309,6 +309,8 @@ def _start_metrics(cfg: RunConfig, services: list):
 class _ViewFeed(ZmqPublisher):
     """The ``--view`` server's own loopback publisher (raw frames: the page draws every layer)."""
 
+    announce = "the web view's own feed (raw frames for the page, apart from any --publish) is"
+
 
 def _start_view(cfg: RunConfig, sinks: list[Sink], services: list) -> None:
     """``--view``: a publisher of raw frames on a free loopback port, and the web viewer reading it."""
