@@ -365,8 +365,8 @@ def _summary(stats, sources: list[Source], random_weights: bool) -> None:
     for sid, per in sorted(stats.per_source.items()):
         f = per.summary()
         source = by_id.get(sid)
-        extra = "" if source is None else f", {source.frames_dropped} dropped{_why_dropped(source)}, " \
-                                          f"{source.reopens} reopens"
+        extra = "" if source is None else \
+            f", {source.frames_dropped} dropped, {source.reopens} reopens{_why_dropped(source)}"
         log.info("  %s: %d frames, %.1f fps while it gave frames, %s%s", sid, f["frames"], f["fps"],
                  _latency(source, f), extra)
 

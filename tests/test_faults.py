@@ -22,7 +22,16 @@ import av
 import numpy as np
 import pytest
 
-from tests.cliutil import CLI, OFFLINE, assert_one_clear_error, make_video, read_jsonl, run_cli, run_cli_cases
+from tests.cliutil import (
+    CLI,
+    OFFLINE,
+    assert_one_clear_error,
+    make_video,
+    read_jsonl,
+    run_cli,
+    run_cli_cases,
+    run_cli_on_terminal,
+)
 
 pytestmark = pytest.mark.timeout(240)
 TINY_POSE = ["--tasks", "pose", *OFFLINE]
@@ -441,9 +450,10 @@ def test_garbage_inside_a_file_is_skipped_not_fatal(tiny: Path, cli_env: dict[st
 
 def test_progress_bar_knows_the_length_and_log_lines_stay_whole(tiny: Path, cli_env: dict[str, str],
                                                                tmp_path: Path) -> None:
+    """On a terminal (in a log, tests/test_first_run.py: no bar, no terminal codes)."""
     clip = make_video(tmp_path / "short.mp4", n=16)
     args = [a for a in TINY_POSE if a != "--no-progress"]
-    ran = run_cli(["--source", clip, *args, "--record", tmp_path / "o.mp4"], cli_env, tmp_path)
+    ran = run_cli_on_terminal(["--source", clip, *args, "--record", tmp_path / "o.mp4"], cli_env, tmp_path)
     assert ran.rc == 0, ran.stderr
     assert "16/16" in ran.stderr  # the bar knew the frame count
     for line in ran.stderr.splitlines():
