@@ -91,7 +91,8 @@ class Display:
             text = " | ".join(f"{s.source_id} {s.health} {s.frames_decoded}f {s.frames_dropped}d" for s in self.sources)
         if not self.terminal:  # a line of the log: no carriage return, no terminal codes
             if not self.live:
-                text = f"{self.done}{f'/{self.total}' if self.total else ''} frames done" + (f" (last:{lat})" if lat else "")
+                of = f"/{self.total}" if self.total else ""
+                text = f"{self.done}{of} frames done" + (f" (last:{lat})" if lat else "")
             log.info("progress: %s", text)
             return
         sys.stderr.write(f"\r{text}\033[K")

@@ -80,8 +80,8 @@ def preflight(cfg: RunConfig, specs: list[SourceSpec] | None = None, *, check_so
         path = getattr(cfg, key)
         unknown = [p for p in re.findall(r"\{[^{}]*\}", path or "") if p != "{source}"]
         if unknown:
-            raise ConfigError(f"{flag_of(key)}: {unknown[0]} in {path!r} is not a placeholder; the only one is {{source}} "
-                              "(each source's id)")
+            raise ConfigError(f"{flag_of(key)}: {unknown[0]} in {path!r} is not a placeholder; the only one is "
+                              "{source} (each source's id)")
     if cfg.record:
         if several and "{source}" not in cfg.record:
             record = Path(cfg.record)
@@ -155,8 +155,8 @@ def _check_outputs_collide(cfg: RunConfig, specs: list[SourceSpec], ids: list[st
     for key, path in outputs:
         source = next((p for p in inputs if p.is_file() and path.exists() and os.path.samefile(path, p)), None)
         if source is not None:
-            raise ConfigError(f"{flag_of(key)}: {str(path)!r} is the source file {str(source)!r}; writing it would destroy "
-                              "the input: choose another path")
+            raise ConfigError(f"{flag_of(key)}: {str(path)!r} is the source file {str(source)!r}; writing it would "
+                              "destroy the input: choose another path")
 
 
 def _host(address: str) -> str:

@@ -241,7 +241,7 @@ BAD_INPUT = [
     (["--matte-background", "missing.jpg"], ["matte_background", "missing.jpg"]),  # checked without matting too
     (["--detector", "yolo", "--detector-model", "person.pth"], ["person.pth", "Ultralytics"]),
     (["--checkpoint", "pose=./my-pose-ckpt"], ["pose=./my-pose-ckpt", "no such checkpoint", "hub id"]),
-    (["--record", "/proc/x.mp4"], ["--record", "/proc/x.mp4", "cannot create", "/proc is not writable)"]),  # as root too
+    (["--record", "/proc/x.mp4"], ["--record", "/proc/x.mp4", "cannot create", "/proc is not writable)"]),  # as root
     (["--save-keypoints", "/proc/kp.jsonl"], ["--save-keypoints", "/proc/kp.jsonl", "/proc is not writable)"]),
     (["--record", "{clip}"], ["record", "is the source file", "destroy the input"]),
     (["--save-keypoints", "{clip}"], ["--save-keypoints", "video name", ".jsonl"]),
