@@ -13,15 +13,23 @@ JS_STAMP := $(JS)/node_modules/.installed
 # byte-compiles on every core: about 1 minute where pip took 1.5 to 4.5 (its downloads one by one).
 # The same pins (constraints.txt); if uv cannot run here, pip installs the same set.
 PACKAGES := torch torchvision -e './clients/python[test,images]' -e '.[test,cluster]'
+# Said before the install starts (README "Installing"): what comes, how big, how long, and that it is quiet.
+INSTALL_NOTE := installing the Python packages into $(VENV), once: PyTorch (PyPI's Linux build, made for CUDA: \
+  it runs on a CPU too) with its nvidia-* and triton libraries, torchvision, Ultralytics, OpenCV, PyAV, Ray, \
+  transformers (the tests' reference) and this project. About 4 GB to download and 7 GB on disk (5 of them \
+  PyTorch's CUDA libraries); 1 to 5 minutes, quiet until it is done.
 
 $(STAMP): pyproject.toml clients/python/pyproject.toml constraints.txt
+	@echo "make: $(INSTALL_NOTE)"
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip uv==0.13.9
 	UV_NATIVE_TLS=1 $(VENV)/bin/uv pip install -q --compile-bytecode --python $(PY) -c constraints.txt $(PACKAGES) \
 	  || { echo "uv failed: installing with pip"; $(PY) -m pip install -q -c constraints.txt $(PACKAGES); }
 	touch $(STAMP)
+	@echo "make: $(VENV) is ready ($$(du -sh $(VENV) | cut -f1))"
 
 $(JS_STAMP): $(JS)/package.json $(JS)/package-lock.json
+	@echo "make: installing the JavaScript client's packages into $(JS)/node_modules (zeromq, msgpack, esbuild: 50 MB)"
 	cd $(JS) && npm ci --no-audit --no-fund --loglevel=error
 	touch $(JS_STAMP)
 
@@ -42,6 +50,7 @@ test-js: $(STAMP) $(JS_STAMP)
 	cd $(JS) && SAPIENS2_STREAM_CLI=$(CURDIR)/$(VENV)/bin/sapiens2-stream SAPIENS2_STREAM_PYTHON=$(CURDIR)/$(PY) npm test
 
 demo: $(STAMP)
+	@echo "make: the main job on the demo clip (180 frames, 1280x720) -> out/demo.mp4 + out/demo.jsonl; minutes on a CPU, Ctrl-C stops it with the outputs so far finished"
 	$(VENV)/bin/sapiens2-stream --config configs/demo.yaml
 
 # The JavaScript client's browser build, after a change of clients/js/src (commit the result: the

@@ -28,7 +28,7 @@ from .engine import FrameEngine
 from .mocap.setup import check_rig, world_setup
 from .mocap.world import WorldWriter
 from .preflight import expand, matte_background, preflight
-from .runner import Runner
+from .runner import Runner, SourceStats
 from .sinks import PerSource, Sink
 from .sinks.jsonl import KeypointWriter
 from .sinks.preview import PreviewWindow
@@ -43,19 +43,23 @@ log = logging.getLogger("sapiens2_stream")
 
 class Display:
     """Progress bar with fps when every source is a file; one rewritten status line otherwise. While
-    it shows, log lines are printed above it instead of onto it."""
+    it shows, log lines are printed above it instead of onto it. Where stderr is not a terminal (a log
+    file, a pipe) neither is drawn: a plain log line says the same every PLAIN_EVERY_S instead."""
 
-    def __init__(self, sources: list[Source], enabled: bool, total: int | None) -> None:
-        self.sources, self.enabled = sources, enabled
+    PLAIN_EVERY_S = 30.0
+
+    def __init__(self, sources: list[Source], enabled: bool, total: int | None, terminal: bool = True) -> None:
+        self.sources, self.enabled, self.total, self.terminal = sources, enabled, total, terminal
+        self.done = 0  # frames through the sinks
         self.live = any(s.info.live for s in sources)
         self.bar = None
         self.last = 0.0
         self._handler: logging.Handler | None = None
         self._status_shown = False
         self._persons: dict[str, int] = {}
-        if enabled and not self.live:
+        if enabled and terminal and not self.live:
             self.bar = progress_bar(total, "frame")
-        if enabled:
+        if enabled and terminal:
             self._handler = _AboveDisplay(self)
             root = logging.getLogger()
             for handler in root.handlers:
@@ -68,11 +72,12 @@ class Display:
         if not self.enabled:
             return
         self._persons[result.frame.source_id] = len(result.detections)
+        self.done += 1
         if self.bar is not None:
             self.bar.update(1)
             return
         now = time.monotonic()
-        if now - self.last >= 0.5:
+        if now - self.last >= (0.5 if self.terminal else self.PLAIN_EVERY_S):
             self.last = now
             self._status(result)
 
@@ -84,6 +89,12 @@ class Display:
                     f"persons {self._persons.get(src.source_id, 0)}{lat}")
         else:
             text = " | ".join(f"{s.source_id} {s.health} {s.frames_decoded}f {s.frames_dropped}d" for s in self.sources)
+        if not self.terminal:  # a line of the log: no carriage return, no terminal codes
+            if not self.live:
+                of = f"/{self.total}" if self.total else ""
+                text = f"{self.done}{of} frames done" + (f" (last:{lat})" if lat else "")
+            log.info("progress: %s", text)
+            return
         sys.stderr.write(f"\r{text}\033[K")
         sys.stderr.flush()
         self._status_shown = True
@@ -99,7 +110,8 @@ class Display:
         self._status_shown = False
 
     def on_idle(self, source: Source) -> None:
-        if self.enabled and self.live and time.monotonic() - self.last >= 1.0:
+        every = 1.0 if self.terminal else self.PLAIN_EVERY_S
+        if self.enabled and self.live and time.monotonic() - self.last >= every:
             self.last = time.monotonic()
             self._status(None)
 
@@ -112,7 +124,7 @@ class Display:
             self._handler = None
         if self.bar is not None:
             self.bar.close()
-        elif self.enabled and self.live and self._status_shown:
+        elif self.enabled and self.terminal and self.live and self._status_shown:
             sys.stderr.write("\n")
 
 
@@ -300,6 +312,8 @@ def _start_metrics(cfg: RunConfig, services: list):
 class _ViewFeed(ZmqPublisher):
     """The ``--view`` server's own loopback publisher (raw frames: the page draws every layer)."""
 
+    announce = "the web view's own feed (raw frames for the page, apart from any --publish) is"
+
 
 def _start_view(cfg: RunConfig, sinks: list[Sink], services: list) -> None:
     """``--view``: a publisher of raw frames on a free loopback port, and the web viewer reading it."""
@@ -340,12 +354,12 @@ def precision(stages: Stages) -> str:
 
 def _summary(stats, sources: list[Source], random_weights: bool) -> None:
     label = " (RANDOM WEIGHTS)" if random_weights else ""
-    p95 = float(np.percentile(stats.latency_ms, 95)) if stats.latency_ms else 0.0
     if len(stats.per_source) <= 1 and len(sources) == 1:
         source = sources[0]
+        f = stats.per_source.get(source.info.source_id, SourceStats()).summary()
         errors = f", {source.decode_errors} corrupt packets skipped" if source.decode_errors else ""
-        log.info("done: %d frames, %.1f fps, capture-to-output p95 %.0f ms, %d dropped%s%s", stats.frames, stats.fps,
-                 p95, source.frames_dropped, errors, label)
+        log.info("done: %d frames, %.1f fps, %s, %d dropped%s%s%s", stats.frames, stats.fps, _latency(source, f),
+                 source.frames_dropped, _why_dropped(source), errors, label)
         return
     by_id = {s.source_id: s for s in sources}
     mean_batch = stats.batched_frames / stats.steps if stats.steps else 0.0
@@ -354,9 +368,25 @@ def _summary(stats, sources: list[Source], random_weights: bool) -> None:
     for sid, per in sorted(stats.per_source.items()):
         f = per.summary()
         source = by_id.get(sid)
-        extra = "" if source is None else f", {source.frames_dropped} dropped, {source.reopens} reopens"
-        log.info("  %s: %d frames, %.1f fps, capture-to-output p50 %.0f ms, p95 %.0f ms%s", sid, f["frames"], f["fps"],
-                 f["p50_ms"], f["p95_ms"], extra)
+        extra = "" if source is None else \
+            f", {source.frames_dropped} dropped, {source.reopens} reopens{_why_dropped(source)}"
+        log.info("  %s: %d frames, %.1f fps while it gave frames, %s%s", sid, f["frames"], f["fps"],
+                 _latency(source, f), extra)
+
+
+def _latency(source: Source | None, f: dict[str, float]) -> str:
+    """A source's latency as what it is: a camera's from its capture; a file's from its release, the wait in
+    the read-ahead queue (a file is decoded ahead of the models: its frames queue up) named apart."""
+    if source is not None and not source.info.live:
+        return (f"latency p95 {f['pipeline_p95_ms']:.0f} ms in the pipeline + {f['queue_p95_ms']:.0f} ms waiting in "
+                "the file's read-ahead queue")
+    return f"capture-to-output p50 {f['p50_ms']:.0f} ms, p95 {f['p95_ms']:.0f} ms"
+
+
+def _why_dropped(source: Source) -> str:
+    """Why a live source drops frames: said once, beside the count."""
+    return " (live: the newest frame wins while the models are busy)" if source.info.live and source.frames_dropped \
+        else ""
 
 
 def assemble(cfg: RunConfig, sources: Source | list[Source], stages: Stages, sinks: list[Sink],
@@ -366,7 +396,8 @@ def assemble(cfg: RunConfig, sources: Source | list[Source], stages: Stages, sin
     for note in stages.notes:
         log.warning(note)
     if stages.random_weights:
-        log.warning("RANDOM WEIGHTS in use: outputs are meaningless (tests and offline demo only)")
+        if stages.fallback is None:  # (a fallback's line said so already)
+            log.warning("RANDOM WEIGHTS in use: outputs are meaningless (tests and offline demo only)")
         for source in sources:
             source.mark_random_weights()
     for sink in sinks:  # status messages say how persons are found (a viewer explains "1 person" of a crowd)
@@ -395,7 +426,7 @@ def assemble(cfg: RunConfig, sources: Source | list[Source], stages: Stages, sin
                  "; compiling in the background, each input shape switches when ready" if cfg.compile != "off" else "")
     counts = [s.frame_count for s in sources]
     total = None if any(c is None for c in counts) else sum(min(c, cfg.max_frames or c) for c in counts)
-    display = Display(sources, cfg.progress, total)
+    display = Display(sources, cfg.progress, total, terminal=sys.stderr.isatty())
 
     def on_event(record: dict) -> None:
         details = ", ".join(f"{k} {v}" for k, v in record.items() if k not in ("event", "source_id", "time_ns"))

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 from types import ModuleType
 
@@ -67,6 +68,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    # Ultralytics' own INFO lines are not this run's (a fresh machine gets three, with an emoji, about the
+    # settings file it makes on first import); set before it is imported: it reads this then.
+    os.environ.setdefault("YOLO_VERBOSE", "False")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     for noisy in ("httpx", "huggingface_hub", "ultralytics"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -145,7 +145,8 @@ class RunConfig(MocapFields):  # the motion-capture keys: pipeline/mocap/options
                                  factory=lambda: ["matte", "seg", "boxes", "pose", "side3d", "hud"])
     matte_mode: str = option("composite", "how the matte puts people on the background",
                              choices=["composite", "replace"])
-    matte_background: str = option("0,177,64", "R,G,B colour or an image file behind the person (with matting)")
+    matte_background: str = option("0,177,64", "R,G,B colour or an image file behind the person (with matting; an "
+                                   "image covers the frame, its aspect kept: cropped, never stretched)")
     progress: bool = option(True, "progress bar for files, status line for live sources")
     log_level: str = option("info", "log level", choices=["debug", "info", "warning", "error"])
 
@@ -238,6 +239,11 @@ class RunConfig(MocapFields):  # the motion-capture keys: pipeline/mocap/options
 # the run's own keys first, then the motion-capture ones (a dataclass lists its base's fields first)
 FIELDS = {f.name: f for f in sorted(dataclasses.fields(RunConfig), key=lambda f: f.name in MocapFields.__annotations__)}
 HINTS = typing.get_type_hints(RunConfig)
+
+
+def flag_of(key: str) -> str:
+    """The command-line flag of a config key (``save_keypoints`` -> ``--save-keypoints``)."""
+    return "--" + (FIELDS[key].metadata.get("flag") or key.replace("_", "-"))
 
 
 def _check_type(key: str, value: Any) -> Any:
@@ -349,8 +355,7 @@ def _blame(message: str, origins: dict[str, str], path: Path | None, overrides_f
         return f"{path}: {message}"
     origin = origins.get(key)
     if origin == "command line":
-        flag = FIELDS[key].metadata.get("flag") or key.replace("_", "-")
-        return f"--{flag}:{message.split(':', 1)[1]}"
+        return f"{flag_of(key)}:{message.split(':', 1)[1]}"
     if origin is not None:
         return f"{origin}: {message}"
     return f"{path}: {message}" if path is not None else message

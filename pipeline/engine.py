@@ -182,7 +182,8 @@ class FrameEngine(PrecisionFallback):
         t0 = time.perf_counter()
         with self.lanes.use("detect"):
             self._detect(works, uploaded)
-        pending.host_ms["detect"] = (time.perf_counter() - t0) * 1000.0
+        if getattr(self.stages.detector, "kind", None) != "full-frame":  # no detector runs: no time to show
+            pending.host_ms["detect"] = (time.perf_counter() - t0) * 1000.0
         if "pose" in self.stages.estimators and any(len(w.detections) for w in works):
             self._pose(pending, uploaded)
         return pending

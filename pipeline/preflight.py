@@ -22,7 +22,7 @@ from sapiens2_client.paths import unwritable
 from sapiens2_client.video import RECORD_SUFFIXES
 from stages.sapiens2.names import is_hub_id
 
-from .config import ConfigError, RunConfig
+from .config import ConfigError, RunConfig, flag_of
 from .sourcespecs import SourceSpec, missing_file
 
 # what Ultralytics loads as a detector (weights, its exports, or an architecture with random weights)
@@ -37,20 +37,22 @@ def _writable_target(path: Path) -> Path | None:
 
 
 def check_output_path(path: str, what: str, suffixes: tuple[str, ...] | None = None) -> None:
-    """ConfigError when ``path`` cannot be written (bad suffix, not a folder on the way, read-only)."""
+    """ConfigError when ``path`` cannot be written (bad suffix, not a folder on the way, read-only), naming
+    the flag of ``what`` (a config key: ``save_keypoints`` is ``--save-keypoints``)."""
+    flag = flag_of(what)
     p = Path(path)
     if suffixes is not None and p.suffix.lower() not in suffixes:
-        raise ConfigError(f"{what}: {path!r} must end in one of {', '.join(suffixes)}")
+        raise ConfigError(f"{flag}: {path!r} must end in one of {', '.join(suffixes)}")
     if p.is_dir():
-        raise ConfigError(f"{what}: {path!r} is a folder; name a file")
+        raise ConfigError(f"{flag}: {path!r} is a folder; name a file")
     target = _writable_target(p)
     if target is None or (target != p and not target.is_dir()):
-        raise ConfigError(f"{what}: cannot create {path!r} ({target} is not a folder)")
+        raise ConfigError(f"{flag}: cannot create {path!r} ({target} is not a folder)")
     if not os.access(target, os.W_OK) or _read_only_mount(target):
-        raise ConfigError(f"{what}: {target} is not writable; pick another path")
+        raise ConfigError(f"{flag}: cannot create {path!r} ({target} is not writable); pick another path")
     why = unwritable(p)  # a probe file: finds what os.access says yes to (/proc, a folder refusing even root)
     if why is not None:
-        raise ConfigError(f"{what}: cannot create {path!r} ({why}); pick another path")
+        raise ConfigError(f"{flag}: cannot create {path!r} ({why}); pick another path")
 
 
 def _read_only_mount(path: Path) -> bool:
@@ -78,13 +80,13 @@ def preflight(cfg: RunConfig, specs: list[SourceSpec] | None = None, *, check_so
         path = getattr(cfg, key)
         unknown = [p for p in re.findall(r"\{[^{}]*\}", path or "") if p != "{source}"]
         if unknown:
-            raise ConfigError(f"{key}: {unknown[0]} in {path!r} is not a placeholder; the only one is {{source}} "
-                              "(each source's id)")
+            raise ConfigError(f"{flag_of(key)}: {unknown[0]} in {path!r} is not a placeholder; the only one is "
+                              "{source} (each source's id)")
     if cfg.record:
         if several and "{source}" not in cfg.record:
             record = Path(cfg.record)
             example = record.with_name(record.stem + "_{source}" + record.suffix)
-            raise ConfigError(f"record: with several sources each needs a file: put {{source}} in the path, e.g. "
+            raise ConfigError(f"--record: with several sources each needs a file: put {{source}} in the path, e.g. "
                               f"{example}")
         for sid in ids:
             check_output_path(expand(cfg.record, sid), "record", RECORD_SUFFIXES)
@@ -145,7 +147,7 @@ def _check_outputs_collide(cfg: RunConfig, specs: list[SourceSpec], ids: list[st
     """ConfigError when an output would be written over an input file, or the keypoints get a video's
     name (then they could also be the recording's)."""
     if cfg.save_keypoints and Path(cfg.save_keypoints).suffix.lower() in RECORD_SUFFIXES:
-        raise ConfigError(f"save_keypoints: {cfg.save_keypoints!r} is a video name; keypoints are JSON lines: "
+        raise ConfigError(f"--save-keypoints: {cfg.save_keypoints!r} is a video name; keypoints are JSON lines: "
                           "name a .jsonl file (--record takes the video)")
     outputs = [(key, Path(expand(getattr(cfg, key), sid))) for key in ("record", "save_keypoints")
                if getattr(cfg, key) for sid in ids]
@@ -153,8 +155,8 @@ def _check_outputs_collide(cfg: RunConfig, specs: list[SourceSpec], ids: list[st
     for key, path in outputs:
         source = next((p for p in inputs if p.is_file() and path.exists() and os.path.samefile(path, p)), None)
         if source is not None:
-            raise ConfigError(f"{key}: {str(path)!r} is the source file {str(source)!r}; writing it would destroy "
-                              "the input: choose another path")
+            raise ConfigError(f"{flag_of(key)}: {str(path)!r} is the source file {str(source)!r}; writing it would "
+                              "destroy the input: choose another path")
 
 
 def _host(address: str) -> str:

@@ -49,18 +49,31 @@ class SourceStats:
 
     rate: RateMeter = field(default_factory=RateMeter)
     latency_ms: deque[float] = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))  # capture -> sinks
+    queue_ms: deque[float] = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))  # capture -> released
+
+    def note(self, latency_ms: float, queue_ms: float) -> None:
+        """One frame through the sinks: its capture-to-output and queue times."""
+        self.rate.tick()
+        self.latency_ms.append(latency_ms)
+        self.queue_ms.append(queue_ms)
 
     def summary(self) -> dict[str, float]:
-        lat = self.latency_ms
-        return {"frames": self.rate.total, "fps": self.rate.overall,
+        """Frames, fps while the source gave frames (first to last: one that ended early is not diluted
+        by the rest of the run), and latency percentiles: capture to output, of which in the queue."""
+        n, span = self.rate.total, self.rate.last - self.rate.started
+        lat, queued = self.latency_ms, self.queue_ms
+        return {"frames": n, "fps": (n - 1) / span if n > 1 and span > 0 else 0.0,
                 "p50_ms": float(np.percentile(lat, 50)) if lat else 0.0,
-                "p95_ms": float(np.percentile(lat, 95)) if lat else 0.0}
+                "p95_ms": float(np.percentile(lat, 95)) if lat else 0.0,
+                "queue_p95_ms": float(np.percentile(queued, 95)) if queued else 0.0,
+                "pipeline_p95_ms": float(np.percentile(np.subtract(lat, queued), 95)) if lat else 0.0}
 
 
 @dataclass
 class RunStats:
     rate: RateMeter = field(default_factory=RateMeter)  # frames through the sinks, all sources
     latency_ms: deque[float] = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))  # capture -> sinks
+    queue_ms: deque[float] = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))  # capture -> released
     per_source: dict[str, SourceStats] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)  # source id -> why it failed for good
     steps: int = 0
@@ -142,18 +155,20 @@ class SinkWorker(threading.Thread):
                 handler(arg)
 
     def _handle(self, result: FrameResult) -> None:
+        frame = result.frame
+        queued = max(0.0, (frame.released_ns - frame.capture_ns) / 1e6) if frame.released_ns else 0.0
+        result.latency_ms = {"queue": queued, **result.latency_ms}  # named first: it comes first
         t0 = time.perf_counter()
         if self.annotator is not None and self.wants_image(result):
             result.annotated = self.annotator.annotate(result.frame.image.copy(), result)
         result.latency_ms["annotate"] = (time.perf_counter() - t0) * 1000.0
         for sink in self.sinks:
             sink.write(result)
-        latency = (time.time_ns() - result.frame.capture_ns) / 1e6
+        latency = (time.time_ns() - frame.capture_ns) / 1e6
         self.stats.rate.tick()
         self.stats.latency_ms.append(latency)
-        per = self.stats.per_source.setdefault(result.frame.source_id, SourceStats())
-        per.rate.tick()
-        per.latency_ms.append(latency)
+        self.stats.queue_ms.append(queued)
+        self.stats.per_source.setdefault(frame.source_id, SourceStats()).note(latency, queued)
         if self.on_result is not None:
             self.on_result(result)
 
@@ -320,7 +335,10 @@ class Runner:
         """The source's next frame, or None; retires a source that ended or failed for good (the
         failure of a run's only source is the run's error)."""
         try:
-            return source.read(timeout=0.0)
+            frame = source.read(timeout=0.0)
+            if frame is not None:
+                frame.released_ns = time.time_ns()
+            return frame
         except SourceEnded:
             self._retire(sid, None)
         except SourceError as exc:

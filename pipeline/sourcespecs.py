@@ -15,6 +15,8 @@ from sapiens2_client.wire import check_source_id
 from stages.errors import ConfigError
 
 SOURCE_KEYS = {"id", "uri", "realtime", "stall_timeout_s"}
+VIDEO_SUFFIXES = frozenset({".mp4", ".mov", ".m4v", ".mkv", ".avi", ".webm", ".mpg", ".mpeg", ".ts", ".mts",
+                            ".m2ts", ".flv", ".wmv", ".3gp"})  # what a folder of videos (``batch``) holds
 _NAME = re.compile(r"[A-Za-z0-9_\-:]*")
 
 

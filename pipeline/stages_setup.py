@@ -31,7 +31,8 @@ class Stages:
     detector: Detector
     estimators: dict = field(default_factory=dict)  # task -> estimator
     random_weights: bool = False
-    notes: list[str] = field(default_factory=list)  # one-line facts the CLI shows (fallbacks)
+    notes: list[str] = field(default_factory=list)  # one-line facts the CLI shows
+    fallback: str | None = None  # the one line that said what runs on random weights instead (logged already)
     background_id: int = 0  # the segmentation class that is not a person
     warmup_s: dict[str, float] = field(default_factory=dict)  # task -> start-up warm-up seconds
 
@@ -100,12 +101,14 @@ def build_stages(cfg: RunConfig, device: torch.device | None = None) -> Stages:
     device = device or pick_device(cfg.device)
     notes: list[str] = []
     sources = checkpoint_sources(cfg)
-    for task, path in sources.items():
-        wanted = cfg.checkpoints.get(task, hub_id(task, cfg.model_size))
-        if path == tiny_dir(task) and str(wanted) != str(path):
-            notes.append(f"{task}: {wanted} unavailable; running on a tiny RANDOM-WEIGHT checkpoint, outputs "
-                         "are meaningless")
-    detector = build_detector(cfg, device, notes)  # before the models: a bad detector fails fast
+    tiny = tiny_fallbacks(cfg, sources)
+    no_detector: list[str] = []
+    detector = build_detector(cfg, device, no_detector)  # before the models: a bad detector fails fast
+    for why in no_detector:
+        log.debug(why)
+    fallback = fallback_line(tiny, cfg.detector_model if no_detector else None)
+    if fallback:  # before the models load: their lines say RANDOM WEIGHTS, this one why
+        log.warning(fallback)
     estimators = {}
     fastpath = fastpath_from(cfg)
     for task, path in sources.items():
@@ -115,7 +118,29 @@ def build_stages(cfg: RunConfig, device: torch.device | None = None) -> Stages:
                                             **kwargs)
     random = any(e.random_weights for e in estimators.values()) or detector.random_weights
     background = list(load_metadata().seg_class_names).index("Background")
-    return Stages(device, detector, estimators, random, notes, background_id=background)
+    return Stages(device, detector, estimators, random, notes, fallback, background_id=background)
+
+
+def tiny_fallbacks(cfg: RunConfig, sources: dict[str, Path]) -> dict[str, str]:
+    """The tasks ``checkpoint_sources`` gave a tiny random checkpoint instead: task -> the one wanted."""
+    wanted = {task: str(cfg.checkpoints.get(task, hub_id(task, cfg.model_size))) for task in sources}
+    return {task: want for task, want in wanted.items()
+            if sources[task] == tiny_dir(task) and want != str(sources[task])}
+
+
+def fallback_line(tiny: dict[str, str], detector: str | None) -> str | None:
+    """One line for what --fallback-tiny put in place of the real weights: ``tiny`` (task -> the checkpoint
+    wanted), ``detector`` (the detector model that could not be had: the whole frame is the person)."""
+    if not tiny and detector is None:
+        return None
+    what = [f"tiny random {', '.join(tiny)} model{'s' * (len(tiny) > 1)}"] if tiny else []
+    what += ["the whole frame as the person"] if detector else []
+    missing = [*tiny.values(), *([detector] if detector else [])]
+    names = ", ".join(missing[:-1]) + (" and " if len(missing) > 1 else "") + missing[-1]
+    real = " ".join([*(["--checkpoint TASK=DIR"] if tiny else []), *(["--detector-model FILE.pt"] if detector else [])])
+    head = "RANDOM WEIGHTS (outputs meaningless): " if tiny else "no person detector: "
+    return (f"{head}{' and '.join(what)}, since {names} {'are' if len(missing) > 1 else 'is'} not here (offline?); "
+            f"for real ones go online once or pass {real}")
 
 
 def fastpath_from(cfg: RunConfig) -> FastPath:

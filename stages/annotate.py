@@ -62,6 +62,17 @@ def _resize_to(array: np.ndarray, height: int, width: int, interpolation: int) -
     return cv2.resize(array, (width, height), interpolation=interpolation)
 
 
+def _cover(image: np.ndarray, height: int, width: int) -> np.ndarray:
+    """``image`` scaled to cover (height, width), its aspect kept, and centre-cropped to it (a portrait
+    photo behind a landscape frame is cut at top and bottom, never stretched)."""
+    h, w = image.shape[:2]
+    scale = max(height / h, width / w)
+    sh, sw = max(height, round(h * scale)), max(width, round(w * scale))
+    scaled = _resize_to(image, sh, sw, cv2.INTER_AREA if scale < 1 else cv2.INTER_LINEAR)  # (sh, sw, 3)
+    y, x = (sh - height) // 2, (sw - width) // 2
+    return scaled[y : y + height, x : x + width]
+
+
 class BaseAnnotator:
     """Interface: style in ``__init__``, ``annotate(image, result) -> image``.
 
@@ -208,7 +219,8 @@ class MatteAnnotator(BaseAnnotator):
     mode "composite": predicted premultiplied foreground + (1 - alpha) * background (removes
     colour spill from the old background). mode "replace": alpha * frame + (1 - alpha) *
     background (uses the frame's own pixels; robust when the foreground prediction is poor).
-    background: an RGB colour or an (h, w, 3) uint8 RGB image (resized to the frame).
+    background: an RGB colour or an (h, w, 3) uint8 RGB image (scaled to cover the frame, its aspect
+    kept, and centre-cropped).
     """
 
     layer = 0
@@ -227,7 +239,7 @@ class MatteAnnotator(BaseAnnotator):
     def _background(self, height: int, width: int) -> tuple[np.ndarray, np.ndarray]:
         if self._cache is None or self._cache[0].shape[:2] != (height, width):
             if isinstance(self.background, np.ndarray):
-                bg = np.ascontiguousarray(_resize_to(self.background, height, width, cv2.INTER_AREA))
+                bg = np.ascontiguousarray(_cover(self.background, height, width))
             else:
                 bg = np.empty((height, width, 3), np.uint8)
                 bg[:] = np.asarray(self.background, np.uint8)

@@ -44,6 +44,8 @@ class Frame:
     skipped_before: frames of the source before this one that were not processed (a live source
     replaced them): exactly what a gap in ``index`` up to this frame owes to the source.
     live: the source is a camera or stream (its clock is the capture time), not a file.
+    released_ns: wall clock when the pipeline took the frame from its source's queue (0 until then): a
+    file is decoded ahead of the models, so its frames wait there; ``released_ns - capture_ns`` is that wait.
     """
 
     index: int
@@ -55,6 +57,7 @@ class Frame:
     session: int = 0
     skipped_before: int = 0
     live: bool = False
+    released_ns: int = 0
 
     @property
     def clock_s(self) -> float:

@@ -5,6 +5,9 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
+import pty
+import select
 import signal
 import subprocess
 import sys
@@ -42,6 +45,37 @@ def run_cli(args: list[str], env: dict[str, str], cwd: Path, timeout: float = RU
     proc = subprocess.run([*CLI, *map(str, args)], env=env, cwd=cwd, capture_output=True, text=True,
                           timeout=timeout)
     return Ran(proc.returncode, proc.stdout, proc.stderr, time.monotonic() - start)
+
+
+def run_cli_on_terminal(args: list[str], env: dict[str, str], cwd: Path, timeout: float = RUN_TIMEOUT_S) -> Ran:
+    """``run_cli`` with stderr a terminal (a pty), as a person at a shell has it: ``stderr`` is what it showed."""
+    start = time.monotonic()
+    primary, secondary = pty.openpty()
+    proc = subprocess.Popen([*CLI, *map(str, args)], env=env, cwd=cwd, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=secondary)
+    os.close(secondary)
+    shown = bytearray()
+    try:
+        while True:  # until the terminal has nothing more: every writer closed it
+            assert time.monotonic() - start < timeout, f"the run did not end:\n{shown.decode(errors='replace')}"
+            if select.select([primary], [], [], 0.5)[0]:
+                try:
+                    chunk = os.read(primary, 65536)
+                except OSError:
+                    break
+                if not chunk:
+                    break
+                shown += chunk
+            elif proc.poll() is not None:
+                break
+        stdout = proc.stdout.read().decode(errors="replace")
+        proc.wait(timeout=30)
+    finally:
+        os.close(primary)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return Ran(proc.returncode, stdout, shown.decode(errors="replace"), time.monotonic() - start)
 
 
 _CASES = r"""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import cv2
 import numpy as np
 import pytest
 
@@ -114,6 +115,27 @@ def test_matte_background_image_is_resized() -> None:
     result = _result(matte=Matte(np.zeros((H // 2, W // 2), np.float32), np.zeros((H // 2, W // 2, 3), np.float32)))
     out = MatteAnnotator(background=bg, mode="replace").annotate(result.frame.image.copy(), result)
     assert (out == (1, 2, 3)).all()
+
+
+@pytest.mark.parametrize("shape", [(200, 100), (50, 400)], ids=["portrait", "panorama"])
+def test_matte_background_image_covers_the_frame_keeping_its_aspect(shape: tuple[int, int]) -> None:
+    """A portrait (or panorama) photo behind a 4:3 frame is scaled to cover it and centre-cropped: the ring of
+    green along its edge that a stretch would show is cut away, and a centred disc stays round."""
+    h, w = shape
+    bg = np.zeros((h, w, 3), np.uint8)
+    bg[:] = (0, 255, 0)  # the edge band, cut off by the crop on the long side
+    edge = max(h, w) // 5
+    bg[edge : h - edge, :] = (128, 128, 128) if h > w else bg[edge : h - edge, :]
+    bg[:, edge : w - edge] = (128, 128, 128) if w > h else bg[:, edge : w - edge]
+    radius = min(h, w) // 4
+    cv2.circle(bg, (w // 2, h // 2), radius, (255, 0, 0), -1)
+    result = _result(matte=Matte(np.zeros((H, W), np.float32), np.zeros((H, W, 3), np.float32)))
+    out = MatteAnnotator(background=bg, mode="replace").annotate(result.frame.image.copy(), result)
+    assert out.shape == (H, W, 3)
+    assert not (out == (0, 255, 0)).all(axis=2).any(), "the long side's edge is shown: stretched, not cropped"
+    disc = (out == (255, 0, 0)).all(axis=2)  # (H, W)
+    rows, cols = np.nonzero(disc.any(axis=1))[0], np.nonzero(disc.any(axis=0))[0]
+    assert abs(len(rows) - len(cols)) <= 2, f"the disc is {len(rows)} x {len(cols)} pixels: stretched"
 
 
 def test_hud_banner_only_with_random_weights() -> None:

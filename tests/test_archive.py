@@ -154,6 +154,11 @@ def test_batch_killed_then_resumed_does_each_video_once(archive: Path, ray_env: 
 
     again = run_cli(["batch", archive, "--out", out, *BATCH], ray_env, tmp_path, timeout=DEADLINE_S)
     assert f"done again: {replaced}" in again.stderr, again.stderr
+    # The terminal says what ran on random weights (before and after), and explains Ray's error line first.
+    assert "batch: RANDOM WEIGHTS (outputs meaningless): tiny random pose model" in again.stderr, again.stderr
+    assert f"RANDOM WEIGHTS: {len(CLIPS)} of the videos" in again.stderr, again.stderr
+    if "] core_worker.cc:" in again.stderr:
+        assert again.stderr.index("max_restarts > 0': expected here") < again.stderr.index("] core_worker.cc:")
 
     assert again.rc == 1, again.stderr
     last = again.stderr.strip().splitlines()[-1]

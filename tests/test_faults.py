@@ -22,7 +22,16 @@ import av
 import numpy as np
 import pytest
 
-from tests.cliutil import CLI, OFFLINE, assert_one_clear_error, make_video, read_jsonl, run_cli, run_cli_cases
+from tests.cliutil import (
+    CLI,
+    OFFLINE,
+    assert_one_clear_error,
+    make_video,
+    read_jsonl,
+    run_cli,
+    run_cli_cases,
+    run_cli_on_terminal,
+)
 
 pytestmark = pytest.mark.timeout(240)
 TINY_POSE = ["--tasks", "pose", *OFFLINE]
@@ -232,10 +241,11 @@ BAD_INPUT = [
     (["--matte-background", "missing.jpg"], ["matte_background", "missing.jpg"]),  # checked without matting too
     (["--detector", "yolo", "--detector-model", "person.pth"], ["person.pth", "Ultralytics"]),
     (["--checkpoint", "pose=./my-pose-ckpt"], ["pose=./my-pose-ckpt", "no such checkpoint", "hub id"]),
-    (["--record", "/proc/x.mp4"], ["record", "/proc/x.mp4", "cannot create"]),  # os.access says yes as root
+    (["--record", "/proc/x.mp4"], ["--record", "/proc/x.mp4", "cannot create", "/proc is not writable)"]),  # as root
+    (["--save-keypoints", "/proc/kp.jsonl"], ["--save-keypoints", "/proc/kp.jsonl", "/proc is not writable)"]),
     (["--record", "{clip}"], ["record", "is the source file", "destroy the input"]),
-    (["--save-keypoints", "{clip}"], ["save_keypoints", "video name", ".jsonl"]),
-    (["--record", "same.mp4", "--save-keypoints", "same.mp4"], ["save_keypoints", "video name"]),
+    (["--save-keypoints", "{clip}"], ["--save-keypoints", "video name", ".jsonl"]),
+    (["--record", "same.mp4", "--save-keypoints", "same.mp4"], ["--save-keypoints", "video name"]),
     (["--metrics", "127.0.0.1:5588", "--control", "tcp://127.0.0.1:5588"], ["control and metrics", "5588"]),
     (["--publish", "tcp://127.0.0.1:5589", "--view", "127.0.0.1:5589"], ["publish and view", "5589"]),
 ]
@@ -440,9 +450,10 @@ def test_garbage_inside_a_file_is_skipped_not_fatal(tiny: Path, cli_env: dict[st
 
 def test_progress_bar_knows_the_length_and_log_lines_stay_whole(tiny: Path, cli_env: dict[str, str],
                                                                tmp_path: Path) -> None:
+    """On a terminal (in a log, tests/test_first_run.py: no bar, no terminal codes)."""
     clip = make_video(tmp_path / "short.mp4", n=16)
     args = [a for a in TINY_POSE if a != "--no-progress"]
-    ran = run_cli(["--source", clip, *args, "--record", tmp_path / "o.mp4"], cli_env, tmp_path)
+    ran = run_cli_on_terminal(["--source", clip, *args, "--record", tmp_path / "o.mp4"], cli_env, tmp_path)
     assert ran.rc == 0, ran.stderr
     assert "16/16" in ran.stderr  # the bar knew the frame count
     for line in ran.stderr.splitlines():

@@ -188,6 +188,7 @@ def test_pipeline_serves_its_own_view_with_a_token(tiny: Path, cli_env: dict[str
         wait_page(driver, lambda: int(attr(driver, "data-frames-drawn") or 0) >= 3, "drew 3 frames")
         assert attr(driver, "data-annotated") == "false"  # raw frames, layers drawn here
         assert not driver.find_element("id", "bakednote").is_displayed()
+        assert driver.find_element("id", "agelabel").text == "Capture → publish"  # --realtime: a live source
         # --keypoints3d: the page's 3D panel shows the persons' lifted keypoints, in each plane
         wait_page(driver, lambda: int(attr(driver, "data-drawn3d") or 0) > 0, "drew 3D links")
         assert driver.find_element("id", "space").is_displayed()
@@ -240,6 +241,12 @@ def test_the_documented_command_shows_the_demo_with_layers_and_figures(tiny: Pat
         assert figures == {"drops": "0", "reopens": "0", "decode": "0", "persons": "1 (whole frame)"}, figures
         assert driver.find_element("id", "detectornote").is_displayed()
         assert "median" in driver.find_element("id", "plotrange").text  # the latency plot has points
+        # a file: its latency runs from the frame's read, and includes its wait in the read-ahead queue
+        label = driver.find_element("id", "agelabel")
+        assert label.text == "Read → publish" and "read-ahead queue" in label.get_attribute("title"), label.text
+        assert driver.find_element("id", "plotlabel").text == "read → publish"
+        stages = driver.find_element("id", "stages").text.split()
+        assert stages[0] == "queue" and "detect" not in stages, stages  # no detector ran: no detect time
         assert "RANDOM WEIGHTS" in driver.find_element("id", "banner").text
         _caption_agrees_with_the_figures(driver)
         index = int(attr(driver, "data-last-frame-index"))  # more frames: the latency plot has a history

@@ -258,10 +258,14 @@ def _batch(args: argparse.Namespace, items: list[Item], out: Path) -> int:
     settings = dataclasses.asdict(cfg)
     weights = None  # known here for a local run (a cluster's nodes resolve the weights themselves)
     if address is None:
-        from pipeline.stages_setup import checkpoint_sources
+        from pipeline.stages_setup import checkpoint_sources, fallback_line, tiny_fallbacks
 
         # a missing checkpoint fails here, and tiny ones are made once, not per actor
-        weights = weights_fingerprint(checkpoint_sources(cfg))
+        sources = checkpoint_sources(cfg)
+        weights = weights_fingerprint(sources)
+        fallback = fallback_line(tiny_fallbacks(cfg, sources), None)
+        if fallback:  # the workers log theirs where only Ray's logs show it
+            log.warning("batch: %s", fallback)
     changed = []
     for item in items:
         marker = completed(out / item.video_id, fingerprint(item, settings, weights))
@@ -285,6 +289,12 @@ def _batch(args: argparse.Namespace, items: list[Item], out: Path) -> int:
                     from_marker(item, marker, run_id)
         report = [rows[item.video_id] for item in items]
         print_summary(report, out / SUMMARY)
+        random = [row["video_id"] for row in report if row["status"] in ("done", "skipped")
+                  and (completed(out / row["video_id"]) or {}).get("random_weights")]
+        if random:
+            log.warning("RANDOM WEIGHTS: %d of the videos (%s) were made with random weights; their outputs are "
+                        "meaningless (their DONE.json says random_weights)", len(random),
+                        ", ".join(random[:5]) + (" ..." if len(random) > 5 else ""))
         try:
             write_atomic(out / SUMMARY, "".join(json.dumps(row) + "\n" for row in report))
         except OSError as exc:  # a full disk: the table above is the summary; the outcome stays the run's
@@ -300,11 +310,11 @@ def _batch(args: argparse.Namespace, items: list[Item], out: Path) -> int:
 
 def refuse_batch_flags(args: argparse.Namespace) -> None:
     """ConfigError naming the run flags given that batch sets itself."""
-    from pipeline.config import FIELDS
+    from pipeline.config import flag_of
 
     given = [key for key in SET_BY_BATCH if getattr(args, key, None) is not None]
     if given:
-        flags = ", ".join("--" + (FIELDS[k].metadata.get("flag") or k.replace("_", "-")) for k in given)
+        flags = ", ".join(flag_of(k) for k in given)
         raise ConfigError(f"batch sets {flags} itself (sources come from INPUTS, outputs go to "
                           f"DIR/<video_id>/); leave {'it' if len(given) == 1 else 'them'} out")
 
@@ -379,8 +389,9 @@ def _run_on_ray(args: argparse.Namespace, cfg: RunConfig, todo: list[Item], out:
             workers = max(1, int(gpus_there // gpus))
         workers = min(workers, len(todo))  # an actor without a video would only load models
         _check_resources(cfg, workers, gpus, gpus_there, local=address is None)
-        log.info("batch %s: %d videos on %d workers (%g GPU, %g CPU each)", run_id, len(todo), workers, gpus,
-                 args.cpus_per_worker)
+        log.info("batch %s: %d videos on %d workers (%g GPU, %g CPU each); as they start, Ray logs one error "
+                 "line, core_worker.cc '... max_restarts > 0': expected here and harmless (docs/DEPLOYMENT.md)",
+                 run_id, len(todo), workers, gpus, args.cpus_per_worker)
         by_id = {item.video_id: item for item in todo}
         progress = Progress(len(todo), bar=cfg.progress and sys.stderr.isatty())
         stopped = None

@@ -19,10 +19,10 @@ from typing import Any
 from sapiens2_client.wire import check_source_id
 from stages.errors import ConfigError
 
+from ..sourcespecs import VIDEO_SUFFIXES
+
 KEYPOINTS, VIDEO = "keypoints.jsonl", "annotated.mp4"  # the outputs of a video, in DIR/<video_id>/
 DONE, FAILED, SUMMARY = "DONE.json", "FAILED.json", "summary.jsonl"
-VIDEO_SUFFIXES = frozenset({".mp4", ".mov", ".m4v", ".mkv", ".avi", ".webm", ".mpg", ".mpeg", ".ts", ".mts",
-                            ".m2ts", ".flv", ".wmv", ".3gp"})
 
 
 # -- inputs ----------------------------------------------------------------------------------

@@ -8,7 +8,8 @@ decodes it as if it came off the socket) and a few plain fields (``kind``, ``sou
 ``frame_index``, ``capture_ns``, ``persons``; ``health`` for status) for redis-cli and scripts.
 
 It survives its inputs: the socket refuses frames over ``max_message_bytes`` while they arrive
-(ZMQ_MAXMSGSIZE; the dropped connection is made again, as the client's Subscriber does), and a
+(ZMQ_MAXMSGSIZE; the dropped connection is made again as the client's Subscriber does it:
+``sapiens2_client.connection``), and a
 message the decoder refuses is counted by reason and skipped. When Redis goes away the bridge keeps
 its subscription, counts what it receives meanwhile as dropped and tries again with a growing pause.
 
@@ -33,9 +34,9 @@ from typing import TYPE_CHECKING, Any
 
 import msgpack
 import zmq
-from zmq.utils.monitor import recv_monitor_message
 
 from sapiens2_client import wire
+from sapiens2_client.connection import ConnectionKeeper
 from sapiens2_client.endpoints import check_endpoint
 from sapiens2_client.keys import CurveClientKeys, KeysError
 from sapiens2_client.messages import KeypointsMessage, Message, StatusMessage, decode_message
@@ -57,9 +58,6 @@ _PREFIX_RE = re.compile(r"[A-Za-z0-9_.:\-]{1,64}")  # no glob characters: list_s
 _QUERY_PASSWORD = re.compile(r"([?&]password=)[^&#]*")
 _BATCH = 256  # messages drained from the socket into one Redis pipeline
 _RETRY_FIRST_S, _RETRY_MAX_S = 0.5, 5.0  # Redis outages
-_RECONNECT_FIRST_S = 0.1  # broker connections libzmq dropped; doubles up to _RETRY_MAX_S
-_HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-                     | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
 _OUTAGE_LOG_EVERY_S = 30.0
 
 
@@ -230,8 +228,6 @@ class Bridge:
         self._retry_at = self._pause = 0.0
         self._outage_dropped, self._outage_logged = 0, 0.0
         self._disconnect_logged = self._handshake_logged = -_OUTAGE_LOG_EVERY_S
-        self._reconnect_at: float | None = None
-        self._reconnect_pause = _RECONNECT_FIRST_S
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.SUB)
         self._sock.setsockopt(zmq.LINGER, 0)
@@ -241,10 +237,10 @@ class Bridge:
             curve.apply(self._sock)
         for topic in self.topics:
             self._sock.setsockopt(zmq.SUBSCRIBE, f"{topic}.".encode())
-        self._monitor = self._sock.get_monitor_socket(zmq.EVENT_DISCONNECTED | _HANDSHAKE_FAILED)
+        self._watch = ConnectionKeeper(self._sock, [endpoint], rcvhwm)
         self._poller = zmq.Poller()
         self._poller.register(self._sock, zmq.POLLIN)
-        self._poller.register(self._monitor, zmq.POLLIN)
+        self._poller.register(self._watch.monitor, zmq.POLLIN)
         try:
             self._sock.connect(endpoint)
         except zmq.ZMQError as e:
@@ -254,11 +250,12 @@ class Bridge:
     def run(self, stop: threading.Event) -> BridgeStats:
         """Store messages until ``stop`` is set; returns the counters."""
         while not stop.is_set():
-            ready = dict(self._poller.poll(100))
-            if self._monitor in ready:
+            ready = dict(self._poller.poll(self._watch.due_ms(100)))
+            if self._watch.monitor in ready:
                 self._watch_connection()
-            if self._reconnect_at is not None and time.monotonic() >= self._reconnect_at:
-                self._reconnect()
+            held: list[list[bytes]] = []  # what the socket held when a connection libzmq gave up is made again
+            if self._watch.remake_due(held.append):
+                self._store([e for e in map(self._entry, held) if e is not None])
             if self._sock in ready:
                 self._store(self._receive_batch())
         if self._down_since is not None:
@@ -267,11 +264,9 @@ class Bridge:
 
     def close(self) -> None:
         """Close the socket (no linger), the context and the Redis connections."""
+        self._watch.close()
         if not self._sock.closed:
-            self._sock.disable_monitor()
             self._sock.close(linger=0)
-        if not self._monitor.closed:
-            self._monitor.close(linger=0)
         if not self._ctx.closed:
             self._ctx.term()
         self._redis.close()
@@ -284,7 +279,7 @@ class Bridge:
                 frames = self._sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 break
-            self._reconnect_pause = _RECONNECT_FIRST_S  # the connection works
+            self._watch.received()  # the connection works
             entry = self._entry(frames)
             if entry is not None:
                 batch.append(entry)
@@ -313,33 +308,20 @@ class Bridge:
         return None
 
     def _watch_connection(self) -> None:
-        """Note dropped connections (libzmq does not reconnect after refusing an oversized message, so we
-        do, after a pause that grows while they keep dropping) and refused CURVE handshakes."""
-        while self._monitor.poll(0):
-            event = recv_monitor_message(self._monitor)["event"]
-            now = time.monotonic()
-            if event & _HANDSHAKE_FAILED:
+        """Note dropped connections (libzmq makes them again, or the watch does where libzmq gives up: after
+        an oversized message) and refused CURVE handshakes, in a line per kind every _OUTAGE_LOG_EVERY_S."""
+        now = time.monotonic()
+        for dropped in self._watch.read_events():
+            if dropped.handshake_failed:
                 if now - self._handshake_logged >= _OUTAGE_LOG_EVERY_S:
                     self._handshake_logged = now
                     log.warning("%s refused the handshake: does it use CURVE (pass --keys DIR --client-name NAME), "
                                 "and is this client's key in its authorized/?", self.endpoint)
-            elif event == zmq.EVENT_DISCONNECTED:
-                self.stats.disconnects += 1
-                if now - self._disconnect_logged >= _OUTAGE_LOG_EVERY_S:  # a stream of oversized messages: one line
-                    self._disconnect_logged = now
-                    log.warning("connection to %s dropped (the broker went away, or a message over the size limit); "
-                                "connecting again (%d times so far)", self.endpoint, self.stats.disconnects)
-                if self._reconnect_at is None:
-                    self._reconnect_at = now + self._reconnect_pause
-                    self._reconnect_pause = min(2 * self._reconnect_pause, _RETRY_MAX_S)
-
-    def _reconnect(self) -> None:
-        self._reconnect_at = None
-        try:
-            self._sock.disconnect(self.endpoint)
-        except zmq.ZMQError:
-            pass  # libzmq may have forgotten the endpoint already
-        self._sock.connect(self.endpoint)
+            elif now - self._disconnect_logged >= _OUTAGE_LOG_EVERY_S:  # a stream of oversized messages: one line
+                self._disconnect_logged = now
+                log.warning("connection to %s dropped (the broker went away, or a message over the size limit); "
+                            "connecting again (%d times so far)", self.endpoint, self._watch.disconnects)
+        self.stats.disconnects = self._watch.disconnects
 
     # -- storing ----------------------------------------------------------------------------
     def _store(self, batch: list[tuple[str, dict[bytes, Any]]]) -> None:

@@ -115,7 +115,7 @@ class Broker:
 
     def run(self) -> None:
         """Forward messages and subscriptions until stop() is called; then close everything."""
-        log.info("broker: publishers -> %s, subscribers -> %s", self.xsub_endpoint, self.xpub_endpoint)
+        log.debug("broker: publishers -> %s, subscribers -> %s", self.xsub_endpoint, self.xpub_endpoint)
         try:
             zmq.proxy_steerable(self._xsub, self._xpub, None, self._control)
         except zmq.ContextTerminated:

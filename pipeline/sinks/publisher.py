@@ -99,6 +99,8 @@ class ZmqPublisher:
     the server keys when binding, or the client keys (with the broker's public key) when connecting.
     """
 
+    announce = "publishing"  # what the log line of the bound endpoint says it is
+
     def __init__(
         self,
         endpoint: str = wire.DEFAULT_ENDPOINT,
@@ -189,7 +191,7 @@ class ZmqPublisher:
         self._watch = ConnectionWatch(self.endpoint, self.connect, log)  # the endpoint as bound; before any event
         self._thread = threading.Thread(target=self._status_loop, name="zmq-status", daemon=True)
         self._thread.start()
-        log.info("publishing on %s%s", self.endpoint, " (connecting to a broker)" if self.connect else "")
+        log.info("%s on %s%s", self.announce, self.endpoint, " (connecting to a broker)" if self.connect else "")
 
     # -- Sink protocol ----------------------------------------------------------------------
     def open(self, info: StreamInfo) -> None:

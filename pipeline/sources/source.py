@@ -48,6 +48,8 @@ from pipeline.sources.readers import (
 )
 from stages.types import Frame, StreamInfo
 
+from ..sourcespecs import VIDEO_SUFFIXES
+
 log = logging.getLogger(__name__)
 
 __all__ = ["Source", "SourceEnded", "SourceError", "open_source"]
@@ -456,6 +458,12 @@ def open_source(
         paths = image_paths(spec)
         if len(paths) == 1 and not paths[0].is_file():
             raise SourceError(f"image {spec!r}: no such file; check the path")
+        videos = [] if paths or not Path(spec).is_dir() else \
+            sorted(p.name for p in Path(spec).iterdir() if p.suffix.lower() in VIDEO_SUFFIXES)
+        if videos:  # a folder of videos is an archive: every video once is what batch does
+            raise SourceError(f"folder {spec!r} holds videos ({len(videos)}: {', '.join(videos[:3])}"
+                              f"{', ...' if len(videos) > 3 else ''}) and no images; run every video of it with "
+                              f"`sapiens2-stream batch {spec} --out DIR`, or give --source one video")
         label = f"images {spec!r}"
         opener = lambda: ImageReader(paths, label=label, fps=image_fps)  # noqa: E731
         default_id = id_from_name(Path(spec).stem) if len(paths) == 1 else "images"

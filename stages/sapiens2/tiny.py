@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import stat
 from pathlib import Path
 
 import torch
@@ -91,7 +92,10 @@ def write_checkpoint(model: Sapiens2, folder: str | Path, flip_pairs: list[list[
     if random_weights:
         metadata[RANDOM_INIT_KEY] = "random-init"
     save_file(sd, str(folder / "model.safetensors"), metadata=metadata)
-    (folder / "config.json").write_text(json.dumps(config_to_json(model.cfg, flip_pairs), indent=2))
+    config = folder / "config.json"
+    config.write_text(json.dumps(config_to_json(model.cfg, flip_pairs), indent=2))
+    # safetensors creates its file 0600; give it the mode any new file gets here (the umask's), as config.json has
+    (folder / "model.safetensors").chmod(stat.S_IMODE(config.stat().st_mode))
     return folder
 
 

@@ -6,8 +6,8 @@
  *   node scripts/build.mjs          writes the one committed copy, the viewer's
  *                                   pipeline/viewer/static/sapiens2-client.browser.js (package data
  *                                   of the pipeline: a pip install needs no npm)
- *   node scripts/build.mjs --dist   writes dist/sapiens2-client.browser.js, the `./browser` export of
- *                                   the npm package (`prepack` runs it; dist/ is not committed)
+ *   (the npm package's `./browser` export, dist/sapiens2-client.browser.js, is a copy of the committed
+ *   one: scripts/dist.mjs, run by `prepare`; dist/ is not committed)
  *   node scripts/build.mjs --out F  writes F (test/bundle.test.js rebuilds into a temporary folder
  *                                   and compares it with the committed copy byte for byte)
  */
@@ -22,8 +22,6 @@ export const ROOT = join(dirname(fileURLToPath(import.meta.url)), "..");
 const NAME = "sapiens2-client.browser.js";
 /** The committed copy: the file the viewer serves. */
 export const COMMITTED = join(ROOT, "..", "..", "pipeline", "viewer", "static", NAME);
-/** The npm package's `./browser` export, built when the package is packed. */
-export const DIST = join(ROOT, "dist", NAME);
 
 const pkg = JSON.parse(readFileSync(join(ROOT, "package.json"), "utf8"));
 
@@ -44,16 +42,15 @@ export const OPTIONS = {
 
 /** Build in memory; returns the bundle's text (the same wherever it is written). */
 export async function buildBundle() {
-  const result = await esbuild.build({ ...OPTIONS, outfile: DIST });
+  const result = await esbuild.build({ ...OPTIONS, outfile: join(ROOT, "dist", NAME) });
   return result.outputFiles[0].text;
 }
 
-/** Where a command line asks the bundle to go: --dist, --out FILE, else the committed copy. */
+/** Where a command line asks the bundle to go: --out FILE, else the committed copy. */
 function target(args) {
-  if (args[0] === "--dist" && args.length === 1) return DIST;
   if (args[0] === "--out" && args.length === 2) return resolve(args[1]);
   if (args.length === 0) return COMMITTED;
-  console.error("usage: node scripts/build.mjs [--dist | --out FILE]");
+  console.error("usage: node scripts/build.mjs [--out FILE]");
   process.exit(2);
 }
 
@@ -62,5 +59,5 @@ if (process.argv[1] && fileURLToPath(import.meta.url) === process.argv[1]) {
   const text = await buildBundle();
   mkdirSync(dirname(out), { recursive: true });
   writeFileSync(out, text);
-  console.error(`wrote ${out}`); // stderr: `npm pack --json` prints its JSON on stdout after prepack
+  console.error(`wrote ${out}`);
 }

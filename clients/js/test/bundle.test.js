@@ -1,8 +1,8 @@
 // The browser build has one committed copy, pipeline/viewer/static/sapiens2-client.browser.js (the
 // viewer's package data), and it is what `npm run build` makes from src/, byte for byte: the test
 // rebuilds it into a temporary folder with the build script itself and compares. The npm package's
-// `./browser` export is the same bundle, built when the package is packed. And the bundle is
-// browser-safe: one self-contained ESM file without Node modules or zeromq.
+// `./browser` export is the same bundle, copied when the package is packed (scripts/dist.mjs). And the
+// bundle is browser-safe: one self-contained ESM file without Node modules or zeromq.
 
 import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
@@ -51,7 +51,7 @@ test("the browser build exports the decoder API", async () => {
   assert.ok(!("Subscriber" in mod));
 });
 
-test("the packed npm package's `./browser` export is the same bundle (built by prepack)", async () => {
+test("the packed npm package's `./browser` export is the same bundle (copied by prepare)", async () => {
   const [{ filename }] = JSON.parse(run("npm", ["pack", "--json", "--pack-destination", tmp, "--loglevel=error"]));
   run("tar", ["-xzf", join(tmp, filename), "-C", tmp]);
   const pkg = JSON.parse(readFileSync(join(tmp, "package", "package.json"), "utf8"));

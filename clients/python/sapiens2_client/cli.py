@@ -39,6 +39,9 @@ from .subscriber import ReceiveTimeout, Subscriber, SubscriberStats
 
 log = logging.getLogger("sapiens2_client")
 NOTHING_RECEIVED = 3
+# What the figures of a printed line mean, said once when the subscription starts.
+LEGEND = ("; per message: latency = the frame's time in the pipeline (its stages, the source's queue included), "
+          "age = since its capture (a file: its read) when it arrived here")
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -50,7 +53,9 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def add_subscribe_command(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("subscribe", help="print, save or record a published stream")
+    p = subparsers.add_parser("subscribe", help="print, save or record a published stream",
+                              description="Print, save or record a published stream. A printed line is TOPIC "
+                                          "#FRAME_INDEX [persons=N] latency=MS age=MS" + LEGEND.replace(";", ":", 1))
     p.add_argument("--endpoint", default=wire.DEFAULT_ENDPOINT,
                    help=f"publisher or broker endpoint (pipeline default {wire.DEFAULT_ENDPOINT}, broker "
                         f"{wire.BROKER_XPUB})")
@@ -177,7 +182,7 @@ def summary(msg: Message) -> dict[str, Any]:
 
 
 def line(msg: Message) -> str:
-    """A one-line human summary of a message."""
+    """A one-line human summary of a message (the figures: LEGEND)."""
     if isinstance(msg, StatusMessage):
         event = msg.header.get("event")
         extra = f" event={event.get('event')}" if isinstance(event, dict) else ""
@@ -308,8 +313,9 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
     print_frames = any(t.startswith("frame") or t == "" for t in args.topic or [])
     stop = threading.Event()
     _on_signals(lambda *_: stop.set())
+    legend = "" if args.json or args.quiet else LEGEND
     print(f"subscribing to {args.endpoint} (topics: {', '.join(t or '<all>' for t in topics)}"
-          f"{', CURVE' if curve else ''}); waiting for messages", file=sys.stderr, flush=True)
+          f"{', CURVE' if curve else ''}); waiting for messages{legend}", file=sys.stderr, flush=True)
     seen, last_at = 0, time.monotonic()
     rc = 0
     try:
@@ -341,12 +347,24 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
     except (OSError, RuntimeError) as e:
         print(f"error: finishing the outputs failed: {e}", file=sys.stderr)
         return 1
-    skipped = dict(sub.stats.skipped)
-    if (skipped or sub.stats.missed or sub.stats.restarts) and rc != NOTHING_RECEIVED:  # else the error said it
-        restarts = f", restarts {sub.stats.restarts}" if sub.stats.restarts else ""
-        print(f"received {sub.stats.received}, skipped {skipped or 0}, missed {sub.stats.missed}{restarts}",
-              file=sys.stderr)
+    s = sub.stats
+    if (s.skipped or s.missed or s.restarts or s.disconnects) and rc != NOTHING_RECEIVED:  # else the error said it
+        print(stats_line(s, args.max_message_mb), file=sys.stderr)
     return rc
+
+
+def stats_line(stats: SubscriberStats, max_message_mb: float) -> str:
+    """The summary a subscription ends with: received, refused by reason, missed, restarts, dropped connections."""
+    reasons = ", ".join(f"{reason} {n}" for reason, n in stats.skipped.most_common())
+    out = f"received {stats.received}, skipped {sum(stats.skipped.values())}{f' ({reasons})' if reasons else ''}, " \
+          f"missed {stats.missed}"
+    if stats.restarts:
+        out += f", restarts {stats.restarts}"
+    if stats.disconnects:
+        oversized = (f" ({stats.reconnects} after a message over --max-message-mb {max_message_mb:g})"
+                     if stats.reconnects else "")
+        out += f", disconnects {stats.disconnects}{oversized}"
+    return out
 
 
 def _on_signals(handler: Any) -> None:

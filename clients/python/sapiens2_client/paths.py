@@ -4,9 +4,14 @@ read-only mount or a folder that refuses even root is found too, where ``os.acce
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from pathlib import Path
+
+
+_WHY = {errno.EACCES: "permission denied", errno.EPERM: "permission denied", errno.EROFS: "a read-only file system",
+        errno.ENOSPC: "no space left", errno.EDQUOT: "over its quota"}
 
 
 def unwritable(path: str | Path) -> str | None:
@@ -21,8 +26,9 @@ def unwritable(path: str | Path) -> str | None:
         return f"{path} is not writable"
     try:  # the folder must take new files: writers create theirs there (and rename over the old one)
         fd, probe = tempfile.mkstemp(prefix=".sapiens2-probe-", dir=existing)
-    except OSError as exc:
-        return f"{existing} is not writable ({exc.strerror or exc})"
+    except OSError as exc:  # one reason: the OS's words only where they add one (/proc answers "no such file")
+        why = _WHY.get(exc.errno)
+        return f"{existing} is not writable{f' ({why})' if why else ''}"
     os.close(fd)
     os.unlink(probe)
     return None

@@ -1,29 +1,31 @@
 """Subscriber: receive sapiens2-stream messages as typed records (see docs/WIRE.md).
 
-A subscriber survives any message. The socket refuses frames larger than ``max_message_bytes``
-before they are received (ZMQ_MAXMSGSIZE: libzmq drops the connection, and treats that as a
-protocol error it never reconnects after, so the subscriber watches its socket and connects again
-itself; ``stats.disconnects`` counts it); every message that does
-arrive is validated by ``wire.decode`` and, when malformed, skipped and counted by reason in
-``Subscriber.stats`` (``skipped["shape"]``, ...). A message of another schema version is counted
-too (``skipped["version"]``) and logged once per source: one old publisher behind a broker must
-not stop a subscriber that reads the others. ``latest_only`` drains the socket on every receive
-and keeps only the newest image message (frame/seg/matte) of each topic.
+A subscriber survives any message and anything the network does. The socket refuses frames larger
+than ``max_message_bytes`` before they are received (ZMQ_MAXMSGSIZE: libzmq drops the connection and,
+as after any protocol error, never makes it again, so the subscriber does, once it has taken every
+whole message the socket holds: ``sapiens2_client.connection``); a publisher that exits or is killed
+is reconnected by libzmq itself. ``stats.disconnects`` counts both, ``stats.reconnects`` the first
+kind. Every message that does arrive is validated by ``wire.decode`` and, when malformed, skipped and
+counted by reason in ``Subscriber.stats`` (``skipped["shape"]``, ...). A message of another schema
+version is counted too (``skipped["version"]``) and logged once per source: one old publisher behind
+a broker must not stop a subscriber that reads the others. ``latest_only`` drains the socket on every
+receive and keeps only the newest image message (frame/seg/matte) of each topic.
 """
 
 from __future__ import annotations
 
 import collections
 import logging
+import math
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
-from zmq.utils.monitor import recv_monitor_message
 
 from . import wire
+from .connection import ConnectionKeeper
 from .endpoints import check_endpoint
 from .images import CodecMissing
 from .keys import CurveClientKeys
@@ -44,8 +46,6 @@ __all__ = ["CurveClientKeys", "FrameMessage", "KeypointsMessage", "MatteMessage"
            "SegMessage", "StatusMessage", "Subscriber", "SubscriberStats", "WorldMessage", "to_message"]
 
 _UNSET: Any = object()
-_HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-                     | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
 _DRAIN_LIMIT = 10_000  # bounded drain so a flood cannot keep recv() busy forever
 MAX_GAP = 2**20  # frames missed in one gap at most (over 9 hours at 30 fps); a larger leap is a restart
 
@@ -64,7 +64,8 @@ class SubscriberStats:
     filtered: int = 0  # other sources, when sources= is given
     missed: int = 0  # frame_index gaps per topic the source's own skips do not explain: publisher or network drops
     restarts: int = 0  # frame_index went backwards or leapt over MAX_GAP: a new baseline, nothing missed
-    disconnects: int = 0  # connections lost (an oversized message, a publisher restart) and made again
+    disconnects: int = 0  # connections lost (a publisher that went away, an oversized message) and made again
+    reconnects: int = 0  # of those, made again by the subscriber: libzmq would not (a message over the size limit)
     handshakes_failed: int = 0  # refused by the publisher (CURVE keys missing or not authorised); libzmq retries
     handshakes_refused: int = 0  # of those, the publisher's answer was "not authorised" (the rest: wrong server key)
 
@@ -127,12 +128,12 @@ class Subscriber:
             curve.apply(self._sock)
         for prefix in _prefixes(topics, sources):
             self._sock.setsockopt(zmq.SUBSCRIBE, prefix.encode())
-        self._monitor = self._sock.get_monitor_socket(zmq.EVENT_DISCONNECTED | _HANDSHAKE_FAILED)
-        self._refused: set[str] = set()  # endpoints whose last handshake failed: libzmq reconnects those itself
         self._endpoints: list[str] = []
+        self._watch = ConnectionKeeper(self._sock, self._endpoints, self._rcvhwm)
+        self._held: collections.deque[list[bytes]] = collections.deque()  # taken out before a reconnect
         self._poller = zmq.Poller()
         self._poller.register(self._sock, zmq.POLLIN)
-        self._poller.register(self._monitor, zmq.POLLIN)
+        self._poller.register(self._watch.monitor, zmq.POLLIN)
         try:
             self.connect(endpoint)
         except ValueError:
@@ -162,37 +163,30 @@ class Subscriber:
                 self._drain()
             if self._pending:
                 return self._pending.popleft()
-            wait_ms = None if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
-            ready = dict(self._poller.poll(wait_ms))
-            if not ready:
+            if self._held:
+                self._handle(self._held.popleft())
+                continue
+            if self._watch.remake_due(self._held.append):
+                self.stats.reconnects = self._watch.remade
+                continue
+            wait_ms = None if deadline is None else max(0, math.ceil((deadline - time.monotonic()) * 1000))
+            ready = dict(self._poller.poll(self._watch.due_ms(wait_ms)))
+            if not ready and deadline is not None and time.monotonic() >= deadline:
                 raise ReceiveTimeout(f"no message from {self.endpoint} within {timeout} s")
-            if self._monitor in ready:
-                self._reconnect_dropped()
+            if self._watch.monitor in ready:
+                self._note_connections()
             if self._sock in ready:
                 self._receive_one()
 
-    def _reconnect_dropped(self) -> None:
-        """Connect again where libzmq dropped a connection (it does not after a too-large message)."""
-        while self._monitor.poll(0):
-            event = recv_monitor_message(self._monitor)
-            endpoint = event["endpoint"].decode() if isinstance(event["endpoint"], bytes) else event["endpoint"]
-            if endpoint not in self._endpoints:
-                continue
-            if event["event"] & _HANDSHAKE_FAILED:
+    def _note_connections(self) -> None:
+        """Count dropped connections and refused handshakes (libzmq, or the watch, connects again)."""
+        for dropped in self._watch.read_events():
+            if dropped.handshake_failed:
                 self.stats.handshakes_failed += 1
-                self.stats.handshakes_refused += bool(event["event"] & zmq.EVENT_HANDSHAKE_FAILED_AUTH)
-                self._refused.add(endpoint)
-                continue
-            if endpoint in self._refused:  # the drop after a refused handshake: libzmq retries at its own pace
-                self._refused.discard(endpoint)
-                continue
-            self.stats.disconnects += 1
-            log.debug("connection to %s dropped; connecting again", endpoint)
-            try:
-                self._sock.disconnect(endpoint)
-            except zmq.ZMQError:
-                pass  # libzmq may have forgotten it already
-            self._sock.connect(endpoint)
+                self.stats.handshakes_refused += dropped.not_authorised
+            else:
+                log.debug("connection to %s dropped", dropped.endpoint)
+        self.stats.disconnects = self._watch.disconnects
 
     def __iter__(self) -> Iterator[Message]:
         """Yield messages until a receive timeout passes (forever when timeout_s is None)."""
@@ -204,13 +198,11 @@ class Subscriber:
 
     def close(self) -> None:
         """Close the socket (no linger) and the context when this subscriber made it."""
-        monitor = getattr(self, "_monitor", None)
+        watch = getattr(self, "_watch", None)
+        if watch is not None:
+            watch.close()
         if not self._sock.closed:
-            if monitor is not None:
-                self._sock.disable_monitor()
             self._sock.close(linger=0)
-        if monitor is not None and not monitor.closed:
-            monitor.close(linger=0)
         if self._own_ctx and not self._ctx.closed:
             self._ctx.term()
 
@@ -220,12 +212,20 @@ class Subscriber:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _receive_one(self) -> bool:
+    def _next_raw(self) -> list[bytes] | None:
+        """The next whole message: one held back by a reconnect first, then the socket's; None if none."""
+        if self._held:
+            return self._held.popleft()
         try:
             frames = self._sock.recv_multipart(zmq.NOBLOCK)
         except zmq.Again:
-            return False
-        return self._handle(frames)
+            return None
+        self._watch.received()
+        return frames
+
+    def _receive_one(self) -> bool:
+        frames = self._next_raw()
+        return False if frames is None else self._handle(frames)
 
     def _handle(self, frames: list[bytes]) -> bool:
         try:
@@ -298,10 +298,10 @@ class Subscriber:
         newest image message per topic among those held."""
         raw: list[list[bytes]] = []
         for _ in range(min(_DRAIN_LIMIT, max(0, self._rcvhwm - len(self._pending)))):
-            try:
-                raw.append(self._sock.recv_multipart(zmq.NOBLOCK))
-            except zmq.Again:
+            frames = self._next_raw()
+            if frames is None:
                 break
+            raw.append(frames)
         last = {bytes(frames[0][:80]): i for i, frames in enumerate(raw) if bytes(frames[0][:6]).split(b".")[0]
                 in (b"frame", b"seg", b"matte")}
         for i, frames in enumerate(raw):

@@ -20,12 +20,14 @@ class RateMeter:
         self.window_s = max(window_s, 1e-3)
         self._clock = clock
         self.started = clock()
+        self.last = self.started  # the clock at the last tick
         self.total = 0
         self._window = (self.started, 0)  # (start, events) of the window being filled
         self._rate = 0.0  # of the last full window
 
     def tick(self, n: int = 1) -> None:
         now = self._clock()
+        self.last = now
         self.total += n
         start, count = self._window
         count += n

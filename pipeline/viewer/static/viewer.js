@@ -348,6 +348,14 @@ function figures(src, kp, shown) {
   $("persons").textContent = kp ? String(kp.num_persons) + (wholeFrame ? " (whole frame)" : "") : "–";
   $("persons").title = wholeFrame ? "no person detector runs: the whole frame is taken as one person" : "";
   $("detectornote").hidden = !wholeFrame;
+  // A file is decoded ahead of the models: its frames wait in a queue first (the stage "queue" below),
+  // so its figure runs from the frame's read, not from a capture.
+  const file = Boolean(status && status.header.live === false);
+  $("agelabel").textContent = file ? "Read → publish" : "Capture → publish";
+  $("agelabel").title = file ? "from the frame's read from the file to its publication, including its wait in the "
+    + "read-ahead queue (the stage queue below): a file is decoded ahead of the models, so its frames queue up"
+    : "from the camera's capture of the frame to its publication (the stage queue below: its wait to be taken)";
+  $("plotlabel").textContent = file ? "read → publish" : "capture → publish";
   const ms = kp ? age(kp) : src.frameAge;
   $("age").textContent = ms === null || ms === undefined ? "–" : `${ms.toFixed(0)} ms`;
   const drops = (status ? status.drops : meta.drops) || {};
