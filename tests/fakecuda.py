@@ -43,15 +43,32 @@ class FakeCuda:
     """Installs the stand-ins with ``monkeypatch``; ``watch(model)`` makes a model's forward capturable."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.current = [SimpleNamespace(cuda_stream=0, synchronize=lambda: None)]
+        self.current = [self._numbered(0)]
         self.graphs: list[FakeGraph] = []
         self.capturing: FakeGraph | None = None
         self.corrupt = False
         self.fail_capture = False
+        self.waits: list[tuple[int, int]] = []  # (waiting stream, stream waited for) of each wait_stream
         monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: self.current[-1])
+        monkeypatch.setattr(torch.cuda, "default_stream", lambda device=None: self.current[0])
+        monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: self._numbered(100 + len(self.waits) + 1))
+        monkeypatch.setattr(torch.cuda, "stream", self._enter)
         monkeypatch.setattr(torch.cuda, "CUDAGraph", self._new_graph)
         monkeypatch.setattr(torch.cuda, "graph_pool_handle", object)
         monkeypatch.setattr(torch.cuda, "graph", self._capture)
+
+    def _numbered(self, number: int) -> SimpleNamespace:
+        stream = SimpleNamespace(cuda_stream=number, synchronize=lambda: None)
+        stream.wait_stream = lambda other: self.waits.append((number, other.cuda_stream))
+        return stream
+
+    @contextlib.contextmanager
+    def _enter(self, stream: SimpleNamespace) -> Iterator[None]:
+        self.current.append(stream)
+        try:
+            yield
+        finally:
+            self.current.pop()
 
     def _new_graph(self) -> FakeGraph:
         self.graphs.append(FakeGraph(self))
@@ -94,13 +111,8 @@ class FakeCuda:
         finally:
             self.capturing = capturing
 
-    @contextlib.contextmanager
-    def on(self, stream: int) -> Iterator[None]:
-        self.current.append(SimpleNamespace(cuda_stream=stream, synchronize=lambda: None))
-        try:
-            yield
-        finally:
-            self.current.pop()
+    def on(self, stream: int) -> contextlib.AbstractContextManager:
+        return self._enter(self._numbered(stream))
 
 
 # -- streams, events and page-locked memory -------------------------------------------------------

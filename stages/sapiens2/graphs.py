@@ -3,7 +3,8 @@ the stage's own memory pool, and checked against the forward it replays.
 
 - One graph per forward kind ("eager", "compiled"), input (shape, dtype) and stream, captured on
   the stream current at capture (in the engine, the stage's lane: cuBLAS keeps a workspace per
-  stream, and a graph replays where it was captured).
+  stream, and a graph replays where it was captured). Called from the default stream, on which CUDA
+  captures nothing, an estimator's graphs live on a side stream of its own, ordered with the caller's.
 - One private memory pool per estimator: its graphs share memory with each other only, and they
   replay in order on their stage's stream, never at the same time as each other. Inductor's own
   graphs (``reduce-overhead``) keep one pool per thread and assume one replay at a time, so the
@@ -60,9 +61,27 @@ class LaneGraphs:
         self.graphs: dict[tuple, _Captured] = {}
         self.runs: dict[tuple, int] = {}
         self.captures: list[tuple[str, tuple[int, ...], int]] = []  # (kind, shape, stream) of each capture
+        self._side: Any = None  # the stream of graphs called from the default stream (made when first needed)
 
     def __call__(self, kind: str, fn: Forward, pixels: Tensor) -> tuple[Tensor, Tensor | None]:
-        stream = torch.cuda.current_stream(self.device)
+        current = torch.cuda.current_stream(self.device)
+        if current.cuda_stream != torch.cuda.default_stream(self.device).cuda_stream:
+            return self._on(kind, fn, pixels, current)
+        # CUDA captures nothing on the default stream (an estimator called outside the engine's lanes, a
+        # user's script): its graphs live on a side stream of their own, ordered with the caller's.
+        if self._side is None:
+            self._side = torch.cuda.Stream(self.device)
+        side = self._side
+        side.wait_stream(current)
+        with torch.cuda.stream(side):
+            outputs = self._on(kind, fn, pixels, side)
+        current.wait_stream(side)
+        for tensor in outputs:
+            if tensor is not None and tensor.is_cuda:
+                tensor.record_stream(current)  # made on the side stream, read on the caller's
+        return outputs
+
+    def _on(self, kind: str, fn: Forward, pixels: Tensor, stream: Any) -> tuple[Tensor, Tensor | None]:
         key = (kind, tuple(pixels.shape), pixels.dtype, stream.cuda_stream)
         captured = self.graphs.get(key)
         if captured is None:
@@ -77,8 +96,11 @@ class LaneGraphs:
         return captured.outputs
 
     def has(self, kind: str, pixels: Tensor) -> bool:
-        """Whether a graph of this kind is captured for this input on the current stream."""
+        """Whether a graph of this kind is captured for this input on the current stream (or, called
+        from the default stream, on the side stream)."""
         stream = torch.cuda.current_stream(self.device)
+        if stream.cuda_stream == torch.cuda.default_stream(self.device).cuda_stream and self._side is not None:
+            stream = self._side
         return (kind, tuple(pixels.shape), pixels.dtype, stream.cuda_stream) in self.graphs
 
     def drop(self, kind: str, shape: tuple[int, ...]) -> None:
