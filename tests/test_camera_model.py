@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from stages.mocap.camera import Camera, CameraSet, UndistortGrid
-from stages.mocap.triangulate import normal_blocks, solve_dlt
+from stages.mocap.dlt import normal_blocks, solve_dlt
 from tests.mocaprig import horizontal_fov_matrix, look_at, ring_rig
 
 
