@@ -65,10 +65,13 @@ def _add_world_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--window-ms", type=float, default=defaults.world_window_ms,
                    help=f"cameras' frames within this of each other are one step (default: {defaults.world_window_ms:g})")
     p.add_argument("--max-error-px", type=float, default=defaults.world_max_error_px,
-                   help=f"reprojection error that rejects a view (default: {defaults.world_max_error_px:g})")
+                   help=f"reprojection error over which a view disagrees (default: {defaults.world_max_error_px:g})")
     p.add_argument("--max-epipolar-px", type=float, default=defaults.world_max_epipolar_px,
                    help=f"epipolar distance that refuses a pairing (default: {defaults.world_max_epipolar_px:g})")
     p.add_argument("--min-views", type=int, default=defaults.world_min_views, help="views a point needs (default: 2)")
+    p.add_argument("--min-angle-deg", type=float, default=defaults.world_min_angle_deg,
+                   help=f"two of a point's views must see it from directions this far apart (default: "
+                        f"{defaults.world_min_angle_deg:g})")
     p.add_argument("--trc-up", choices=["y", "z"], default="y", help="TRC up axis (y: OpenSim's, Z-up turned Y-up)")
 
 
@@ -158,7 +161,8 @@ def cmd_triangulate(args: argparse.Namespace) -> int:
     except CalibrationError as exc:
         raise ConfigError(str(exc)) from None
     options = MocapFields(world_window_ms=args.window_ms, world_max_error_px=args.max_error_px,
-                          world_max_epipolar_px=args.max_epipolar_px, world_min_views=args.min_views)
+                          world_max_epipolar_px=args.max_epipolar_px, world_min_views=args.min_views,
+                          world_min_angle_deg=args.min_angle_deg)
     options.validate_mocap(["pose"])
     fuser = WorldFuser(rig, fusion_of(options, args.kpt_threshold, 1.0))
     k = next((len(p["keypoints"]) for lines in records.values() for r in lines for p in r.get("persons") or []
