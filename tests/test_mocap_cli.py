@@ -19,7 +19,7 @@ import pytest
 from sapiens2_client.jsonl import LineWriter, keypoint_record
 from sapiens2_client.subscriber import ReceiveTimeout, Subscriber
 from stages.metadata import load_metadata
-from stages.mocap.camera import write_rig
+from stages.mocap.camera import Rig, read_rig, write_rig
 from tests.cliutil import CLI, OFFLINE, assert_one_clear_error, make_video, read_jsonl, run_cli
 from tests.mocaprig import base_skeleton, observe, pose_at, ring_rig
 
@@ -37,7 +37,10 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def rig_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("rig")
-    write_rig(ring_rig(3, size=(320, 240), names=CAMERAS), folder / "calib.toml")
+    rig = ring_rig(3, size=(320, 240), names=CAMERAS)
+    write_rig(rig, folder / "calib.toml")
+    for w, h in ((640, 480), (320, 180)):  # calibrated at twice the videos' size; at another aspect
+        write_rig(Rig({n: c.rescaled((w, h)) for n, c in rig.cameras.items()}), folder / f"calib_{w}x{h}.toml")
     for i, name in enumerate(CAMERAS):
         make_video(folder / f"{name}.mp4", 6 + i)  # files of 6, 7 and 8 frames: the short ones end first
     return folder
@@ -77,7 +80,8 @@ def test_three_cameras_through_the_pipeline_publish_world_messages_and_write_wor
     # Random weights give arbitrary keypoints: generous thresholds let them triangulate, so the files
     # and messages carry points (their accuracy is tests/test_mocap.py's and the triangulate test's).
     args = [*OFFLINE, "--tasks", "pose", *(a for n in CAMERAS for a in ("--source", f"{n}={rig_dir / n}.mp4")),
-            "--calibration", rig_dir / "calib.toml", "--triangulate", "--save-world", "out/world.jsonl",
+            "--calibration", rig_dir / "calib_640x480.toml", "--rescale-calibration", "--triangulate",
+            "--save-world", "out/world.jsonl",
             "--export-trc", "out/run.trc", "--save-keypoints", "out/{source}.jsonl", "--publish", endpoint,
             "--world-max-epipolar-px", "1e6", "--world-max-error-px", "1e6"]
     proc = subprocess.Popen([*CLI, *map(str, args)], env=cli_env, cwd=tmp_path, stdout=subprocess.PIPE,
@@ -96,6 +100,7 @@ def test_three_cameras_through_the_pipeline_publish_world_messages_and_write_wor
             proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
+    assert "camera cam1 calibrated at 640x480, scaled to its frames' 320x240" in err, err
     world = read_jsonl(tmp_path / "out" / "world.jsonl")
     assert world and [r["step"] for r in world] == list(range(len(world)))
     by_step = {r["step"]: r for r in world}
@@ -193,6 +198,41 @@ def test_triangulate_recovers_known_skeletons_from_recorded_keypoint_files(cli_e
     assert np.isnan(arrays["xyz"][~arrays["valid"]]).all() and np.isfinite(arrays["xyz"][arrays["valid"]]).all()
 
 
+def _median_errors(world: list[dict], truth: list[list[np.ndarray]]) -> list[float]:
+    """Each world person's median error (m) against the nearest true person, step by step."""
+    errors = []
+    for record, people in zip(world, truth):
+        for person in record["persons"]:
+            points = [(np.array(v), i) for i, v in enumerate(person["keypoints"]) if v is not None]
+            errors.append(min(np.median([np.linalg.norm(p - x[i]) for p, i in points]) for x in people))
+    return errors
+
+
+def test_triangulate_checks_the_calibration_against_the_keypoint_files_image_size(
+        cli_env: dict[str, str], tmp_path: Path) -> None:
+    """Keypoint files of 1280x720 images: a calibration made at 640x360 is refused in one line naming
+    the camera and both sizes; with --rescale-calibration it is scaled and recovers the skeletons as
+    the right one does; one made at 640x480 (another aspect: a crop) is refused even so."""
+    truth, calib = _recorded_run(tmp_path, steps=4)
+    rig = read_rig(calib)
+    for w, h in ((640, 360), (640, 480)):
+        write_rig(Rig({n: c.rescaled((w, h)) for n, c in rig.cameras.items()}), tmp_path / f"calib_{w}x{h}.toml")
+    keypoints = [a for n in CAMERAS for a in ("--keypoints", f"{n}={tmp_path / n}.jsonl")]
+    ran = run_cli(["triangulate", *keypoints, "--calibration", "calib_640x360.toml", "--save-world", "w.jsonl"],
+                  cli_env, tmp_path)
+    assert_one_clear_error(ran, "calib_640x360.toml", "'cam1'", "calibrated at 640x360", "images are 1280x720",
+                           "--rescale-calibration")
+    assert not (tmp_path / "w.jsonl").exists()
+    ran = run_cli(["triangulate", *keypoints, "--calibration", "calib_640x480.toml", "--rescale-calibration",
+                   "--save-world", "w.jsonl"], cli_env, tmp_path)
+    assert_one_clear_error(ran, "'cam1'", "calibrated at 640x480", "images are 1280x720", "aspect")
+    ran = run_cli(["triangulate", *keypoints, "--calibration", "calib_640x360.toml", "--rescale-calibration",
+                   "--save-world", "w.jsonl"], cli_env, tmp_path)
+    assert ran.rc == 0, ran.stderr
+    errors = _median_errors(read_jsonl(tmp_path / "w.jsonl"), truth)
+    assert len(errors) == 8 and max(errors) < 0.006, f"median errors per person up to {1000 * max(errors):.1f} mm"
+
+
 def test_export_world_reads_a_file_cut_short_by_a_killed_run(cli_env: dict[str, str], tmp_path: Path) -> None:
     _recorded_run(tmp_path, steps=4)
     ran = run_cli(["triangulate", *(a for n in CAMERAS for a in ("--keypoints", f"{n}={tmp_path / n}.jsonl")),
@@ -214,6 +254,10 @@ def test_export_world_reads_a_file_cut_short_by_a_killed_run(cli_env: dict[str, 
     (["--triangulate", "--calibration", "{rig}/calib.toml", "--source", "door={rig}/cam1.mp4"], ["'door'", "cam1"]),
     (["--save-world", "w.jsonl"], ["--triangulate"]),
     (["--triangulate", "--calibration", "{rig}/calib.toml", "--tasks", "seg"], ["pose"]),
+    (["--triangulate", "--calibration", "{rig}/calib_640x480.toml"],
+     ["'cam1'", "calibrated at 640x480", "frames are 320x240", "--rescale-calibration"]),
+    (["--triangulate", "--calibration", "{rig}/calib_320x180.toml", "--rescale-calibration"],
+     ["'cam1'", "calibrated at 320x180", "frames are 320x240", "aspect"]),
 ])
 def test_a_run_that_cannot_triangulate_is_refused_in_one_line_before_models_load(
         cli_env: dict[str, str], rig_dir: Path, tmp_path: Path, extra: list[str], needles: list[str]) -> None:

@@ -45,6 +45,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     t.add_argument("--npz", help="write the NumPy arrays here (.npz)")
     t.add_argument("--clock", choices=["media", "capture"], default="media",
                    help="which clock lines up the cameras: media (pts; recorded files) or capture (live cameras)")
+    t.add_argument("--rescale-calibration", action="store_true",
+                   help="scale a camera's calibration to its keypoint file's image size when that is a resize of "
+                        "the calibrated size (the same aspect); without it, such a camera is refused")
     _add_world_flags(t)
     t.set_defaults(func=cmd_triangulate)
 
@@ -90,6 +93,23 @@ def _camera_files(specs: list[str]) -> dict[str, list[dict[str, Any]]]:
                 raise ConfigError(f"--keypoints {path}: its lines carry no source; name the camera: NAME={path}")
             records.setdefault(camera, []).append(line)
     return records
+
+
+def _image_sizes(records: dict[str, list[dict[str, Any]]]) -> dict[str, tuple[int, int]]:
+    """Each camera's image size (width, height) from its records; ConfigError when they hold two."""
+    sizes = {}
+    for camera, lines in records.items():
+        seen = {(line.get("width"), line.get("height")) for line in lines} - {(None, None)}
+        if len(seen) > 1:
+            listed = ", ".join(f"{w}x{h}" for w, h in sorted(seen, key=str))
+            raise ConfigError(f"--keypoints {camera}: its records are of images of {len(seen)} sizes ({listed}); "
+                              "one calibration fits one size: split the file where the size changes")
+        for width, height in seen:
+            if not (isinstance(width, int) and isinstance(height, int) and width > 0 and height > 0):
+                raise ConfigError(f"--keypoints {camera}: its records give the image size {width!r}x{height!r}, "
+                                  "not a width and height in pixels")
+            sizes[camera] = (width, height)
+    return sizes
 
 
 def _lines(path: Path) -> Iterator[dict[str, Any]]:
@@ -146,7 +166,7 @@ def cmd_triangulate(args: argparse.Namespace) -> int:
     from stages.mocap.fuse import WorldFuser
 
     from .export import write_csv, write_npz, write_trc
-    from .setup import fusion_of
+    from .setup import fusion_of, rig_for_frames
     from .world import WorldWriter  # the live run's --save-world writer: one format
 
     if not (args.save_world or args.export_trc or args.csv or args.npz):
@@ -160,6 +180,8 @@ def cmd_triangulate(args: argparse.Namespace) -> int:
         rig.check_sources(records, args.calibration)
     except CalibrationError as exc:
         raise ConfigError(str(exc)) from None
+    rig = rig_for_frames(rig, _image_sizes(records), args.rescale_calibration, "its keypoint file's images",
+                         args.calibration)
     options = MocapFields(world_window_ms=args.window_ms, world_max_error_px=args.max_error_px,
                           world_max_epipolar_px=args.max_epipolar_px, world_min_views=args.min_views,
                           world_min_angle_deg=args.min_angle_deg)

@@ -22,6 +22,9 @@ class MocapFields:
     save_world: str | None = option(None, "write one JSON line per world step here (.jsonl; metres, world frame)")
     export_trc: str | None = option(None, "when the run ends, write the world skeletons as TRC (OpenSim, Pose2Sim) "
                                           "here: one file per person, {person} in the name or _P<id> added")
+    rescale_calibration: bool = option(False, "with --triangulate: a camera calibrated at another size than its "
+                                              "frames (a resize: the same aspect) has its calibration scaled to "
+                                              "them; without it, such a camera is refused")
     trc_up: str = option("y", "the TRC's up axis: y (OpenSim; the world's Z-up axes become Y-up) or z (as "
                               "calibrated)", choices=list(TRC_UP))
     world_window_ms: float = option(20.0, "with --triangulate: a camera's frame joins a step when its clock is "

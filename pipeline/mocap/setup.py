@@ -1,14 +1,17 @@
-"""A run's motion capture from its config: the checks before anything loads, the world step and
-the world sinks (``--save-world``, ``--export-trc``)."""
+"""A run's motion capture from its config: the checks before anything loads (the rig file against
+the sources' names, then against their frame sizes once they open), the world step and the world
+sinks (``--save-world``, ``--export-trc``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 
 from stages.errors import ConfigError
 from stages.mocap.associate import Association
-from stages.mocap.camera import CalibrationError, Rig, read_rig
+from stages.mocap.camera import CalibrationError, Rig, read_rig, same_aspect
 from stages.mocap.fuse import Fusion, WorldFrame, WorldFuser
 from stages.mocap.triangulate import Triangulation
 from stages.types import FrameResult, StreamInfo
@@ -41,6 +44,31 @@ def check_rig(cfg: MocapFields, specs: list[SourceSpec]) -> Rig | None:
         raise ConfigError("triangulate: needs at least two sources, one per calibrated camera (--source "
                           f"NAME=SPEC with the names {', '.join(rig.names)})")
     return rig
+
+
+def rig_for_frames(rig: Rig, sizes: Mapping[str, tuple[int, int]], rescale: bool, frames: str,
+                   calibration: str | Path) -> Rig:
+    """The rig for frames of ``sizes`` (camera -> (width, height); cameras without one are kept): a
+    camera calibrated at another size is refused (ConfigError, one line naming the camera and both
+    sizes), or with ``rescale`` scaled to a same-aspect size (``Camera.rescaled``; another aspect is
+    always refused). ``frames`` says whose frames they are (e.g. "its frames")."""
+    cameras = dict(rig.cameras)
+    for name, size in sizes.items():
+        camera = cameras.get(name)
+        if camera is None or tuple(size) == camera.size:
+            continue
+        (w0, h0), (w1, h1) = camera.size, size
+        if not same_aspect(camera.size, size):
+            raise ConfigError(f"{calibration}: camera {name!r} was calibrated at {w0}x{h0} but {frames} are {w1}x{h1}, "
+                              f"another aspect (a crop or another sensor mode) that no scaling fixes; calibrate "
+                              f"it at {w1}x{h1}")
+        if not rescale:
+            raise ConfigError(f"{calibration}: camera {name!r} was calibrated at {w0}x{h0} but {frames} are {w1}x{h1}; "
+                              f"calibrate it at {w1}x{h1}, or pass --rescale-calibration to scale its calibration "
+                              "to the resized frames")
+        cameras[name] = camera.rescaled(size)
+        log.info("%s: camera %s calibrated at %dx%d, scaled to its frames' %dx%d", calibration, name, w0, h0, w1, h1)
+    return dataclasses.replace(rig, cameras=cameras)
 
 
 def fusion_of(cfg: MocapFields, kpt_threshold: float, smooth_min_cutoff: float) -> Fusion:
@@ -90,10 +118,13 @@ class TrcExport:
                 self.source.unlink(missing_ok=True)
 
 
-def world_setup(cfg, rig: Rig | None) -> tuple[WorldStep | None, list]:
-    """The world step and the world sinks of a run (none without --triangulate)."""
+def world_setup(cfg, rig: Rig | None, sources: list) -> tuple[WorldStep | None, list]:
+    """The world step and the world sinks of a run (none without --triangulate), the rig fitted to the
+    frame sizes of the opened ``sources`` (``rig_for_frames``)."""
     if rig is None:
         return None, []
+    sizes = {s.info.source_id: (s.info.width, s.info.height) for s in sources}
+    rig = rig_for_frames(rig, sizes, cfg.rescale_calibration, "its frames", cfg.calibration)
     step = WorldStep(WorldFuser(rig, fusion_of(cfg, cfg.kpt_threshold, cfg.smooth_min_cutoff)))
     sinks: list = []
     if cfg.save_world:

@@ -136,9 +136,27 @@ class Camera:
             out = cv2.undistortPoints(flat, self.matrix, self.dist, None, None, None, (cv2.TERM_CRITERIA_COUNT, 10, 0))
         return out.reshape(pixels.shape)
 
+    def rescaled(self, size: tuple[int, int]) -> Camera:
+        """The same camera for its frames resized to ``size`` (width, height): the matrix scaled per
+        axis about the pixel centres (x' = (x + 0.5) s - 0.5, as a resize maps them); the distortion
+        (of normalised coordinates) and the pose are unchanged. Only a resize of the whole frame is
+        this: a crop or another sensor mode (another aspect) is not (``same_aspect``)."""
+        sx, sy = size[0] / self.size[0], size[1] / self.size[1]
+        k = self.matrix.copy()
+        k[0, 0], k[0, 1], k[0, 2] = k[0, 0] * sx, k[0, 1] * sx, (k[0, 2] + 0.5) * sx - 0.5
+        k[1, 1], k[1, 2] = k[1, 1] * sy, (k[1, 2] + 0.5) * sy - 0.5
+        return Camera(self.name, (int(size[0]), int(size[1])), k, self.dist, self.rvec, self.tvec, self.fisheye)
+
     def with_pose(self, rvec: np.ndarray, tvec: np.ndarray) -> Camera:
         """The same intrinsics at another pose."""
         return Camera(self.name, self.size, self.matrix, self.dist, rvec, tvec, self.fisheye)
+
+
+def same_aspect(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    """Whether frames of size ``b`` (width, height) can be a resize of frames of size ``a``: each side
+    within a pixel of the other scaled by the same factor (1280x720 and 854x480 are; 640x480 is not)."""
+    (wa, ha), (wb, hb) = a, b
+    return abs(wb - wa * hb / ha) <= 1 or abs(hb - ha * wb / wa) <= 1
 
 
 class UndistortGrid:
