@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 from collections.abc import Iterator
 from fractions import Fraction
 from pathlib import Path
@@ -203,25 +204,48 @@ def cmd_triangulate(args: argparse.Namespace) -> int:
             valid_share += world.valid.mean(axis=1).tolist()
     finally:
         writer.close()
+    exports = []
     try:
-        outputs = []
-        if args.export_trc and steps:
-            outputs += write_trc(world_path, args.export_trc, args.trc_up)
-        if args.csv and steps:
-            outputs.append(write_csv(world_path, args.csv))
-        if args.npz and steps:
-            outputs.append(write_npz(world_path, args.npz))
+        if steps:  # the world file exists from its first step
+            if args.export_trc:
+                exports.append(write_trc(world_path, args.export_trc, args.trc_up))
+            if args.csv:
+                exports.append(write_csv(world_path, args.csv))
+            if args.npz:
+                exports.append(write_npz(world_path, args.npz))
     finally:
         if not args.save_world:
             world_path.unlink(missing_ok=True)
-        else:
-            outputs = [world_path, *outputs]
-    share = float(np.mean(valid_share)) if valid_share else 0.0
     print(f"{steps} steps from {len(records)} cameras, {persons} world persons in all, "
-          f"{100 * share:.0f}% of their keypoints triangulated")
-    for path in outputs:
-        print(f"wrote {path}")
+          f"{percent(float(np.mean(valid_share)) if valid_share else 0.0)} of their keypoints triangulated")
+    if args.save_world and steps:
+        print(f"wrote {world_path} (world JSON Lines: {steps} steps)")
+    if not steps:
+        log.warning("no world step: the keypoint files hold no frame; nothing written")
+    _report(exports)
     return 0
+
+
+def percent(share: float) -> str:
+    """``share`` (0..1) as a percentage that never rounds a shortfall up to 100% (99.75% is
+    "99.7%") nor a few down to 0%."""
+    text = f"{100 * share:.0f}%"
+    if text == "100%" and share < 1:
+        return f"{math.floor(1000 * share) / 10:.1f}%"
+    if text == "0%" and share > 0:
+        return f"{max(math.ceil(1000 * share) / 10, 0.1):.1f}%"
+    return text
+
+
+def _report(exports: list) -> None:
+    """Each export's ``wrote`` lines (stdout), or its one warning when it holds no person."""
+    for export in exports:
+        warning = export.warning()
+        if warning:
+            log.warning("%s", warning)
+        if export.paths:
+            for line in export.wrote():
+                print(line)
 
 
 def cmd_export_world(args: argparse.Namespace) -> int:
@@ -232,15 +256,14 @@ def cmd_export_world(args: argparse.Namespace) -> int:
     if not Path(args.world).is_file():
         raise ConfigError(f"export-world: {args.world}: no such file (a run's --save-world)")
     try:
-        outputs = []
+        exports = []
         if args.trc:
-            outputs += write_trc(args.world, args.trc, args.trc_up, args.rate)
+            exports.append(write_trc(args.world, args.trc, args.trc_up, args.rate))
         if args.csv:
-            outputs.append(write_csv(args.world, args.csv))
+            exports.append(write_csv(args.world, args.csv))
         if args.npz:
-            outputs.append(write_npz(args.world, args.npz))
+            exports.append(write_npz(args.world, args.npz))
     except ValueError as exc:
         raise ConfigError(f"export-world: {exc}") from None
-    for path in outputs:
-        print(f"wrote {path}")
+    _report(exports)
     return 0

@@ -91,7 +91,7 @@ class TrcExport:
         self.source = Path(world_jsonl) if world_jsonl else self.path.with_name(self.path.name + ".world.jsonl.part")
         self._spool = WorldWriter(self.source) if self._own else None
         self.steps = 0
-        self.written: list[Path] = []
+        self.written: list[Path] = []  # the TRC files, once closed
         self.camera_rate: float | None = None  # the cameras' nominal fps (the TRC's CameraRate)
 
     def open(self, info: StreamInfo) -> None:
@@ -110,9 +110,14 @@ class TrcExport:
             self._spool.close()
         try:
             if self.steps and self.source.exists():
-                self.written = write_trc(self.source, self.path, self.up, camera_rate=self.camera_rate)
-                for path in self.written:
-                    log.info("wrote %s (%d steps)", path, self.steps)
+                export = write_trc(self.source, self.path, self.up, camera_rate=self.camera_rate)
+                self.written = export.paths
+                for line in export.wrote():
+                    log.info("%s", line)
+                if export.warning():
+                    log.warning("--export-trc %s: %s", self.path, export.warning())
+            else:
+                log.warning("--export-trc %s: no world step was fused: no TRC written", self.path)
         finally:
             if self._own:
                 self.source.unlink(missing_ok=True)
