@@ -2,8 +2,8 @@
 keypoint (+ undistortion and ids), as the live run's sink thread calls it once per engine step.
 
 For 1, 4 and 8 persons x 308 keypoints seen by 2, 4 and 8 cameras (the synthetic rig of
-tests/mocaprig.py: cameras on a ring 3.5 m from the volume, lens distortion, 1 px noise, 5% of
-the keypoints missed), it times ``WorldFuser.step`` on prepared views: wall-clock p50/p95 and the
+pipeline/mocap/synthetic/people.py: cameras on a ring 3.5 m from the volume, lens distortion,
+1 px noise, 5% of the keypoints missed), it times ``WorldFuser.step`` on prepared views: wall-clock p50/p95 and the
 process CPU time per step (steadier on a shared machine). Target: 4 persons x 4 cameras under
 2 ms. It also reports the median triangulation error against the true skeletons. The last row
 throws a quarter of one person's keypoints 40 px off in one camera (scores kept high): the points
@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.harness import add_common_args, dump_json, load_average, machine_info, measure, table, wait_quiet  # noqa: E402
 from stages.mocap.fuse import CameraView, WorldFuser  # noqa: E402
 from stages.types import Keypoints  # noqa: E402
-from tests.mocaprig import base_skeleton, observe, pose_at, ring_rig  # noqa: E402
+from pipeline.mocap.synthetic.people import base_skeleton, observe, pose_at, ring_rig  # noqa: E402
 
 TARGET_MS = 2.0  # 4 persons x 4 cameras
 

@@ -1,4 +1,4 @@
-"""Rendered ChArUco views through virtual cameras of KNOWN calibration and distortion (tests only).
+"""Rendered ChArUco views through virtual cameras of KNOWN calibration and distortion.
 
 Each output pixel is undistorted with the true camera, its ray intersected with the board plane at
 the board's true pose, and the board's picture sampled there (cv2.remap), 2x2 supersampled so the
