@@ -1,4 +1,5 @@
-"""Motion-capture commands: ``calibrate`` (pipeline.mocap.calibrate_cmd), ``triangulate`` (world
+"""Motion-capture commands: ``calibrate`` (pipeline.mocap.calibrate_cmd), ``calibrate board``
+(pipeline.mocap.board_cmd), ``demo-rig`` (pipeline.mocap.demo_cmd), ``triangulate`` (world
 skeletons from the keypoint files of a recorded run, through the live run's world step) and
 ``export-world`` (a world JSONL as TRC, CSV or NumPy).
 
@@ -30,10 +31,14 @@ log = logging.getLogger(__name__)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    """Register calibrate, triangulate and export-world."""
+    """Register calibrate, calibrate-board, demo-rig, triangulate and export-world."""
+    from .board_cmd import add_board_parser
     from .calibrate_cmd import add_calibrate_parser
+    from .demo_cmd import add_demo_parser
 
     add_calibrate_parser(subparsers)
+    add_board_parser(subparsers)
+    add_demo_parser(subparsers)
     t = subparsers.add_parser("triangulate", help="world skeletons from the keypoint files of a recorded "
                                                   "multi-camera run (as the live --triangulate computes them)")
     t.add_argument("--keypoints", action="append", required=True, metavar="NAME=FILE",
@@ -60,6 +65,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     e.add_argument("--trc-up", choices=["y", "z"], default="y", help="TRC up axis (y: OpenSim's, Z-up turned Y-up)")
     e.add_argument("--rate", type=float, help="TRC data rate in Hz (default: from the steps' times)")
     e.set_defaults(func=cmd_export_world)
+
+
+def expand_shorthand(argv: list[str]) -> list[str]:
+    """``calibrate board ...`` is ``calibrate-board ...``."""
+    return ["calibrate-board", *argv[2:]] if argv[:2] == ["calibrate", "board"] else argv
 
 
 def _add_world_flags(p: argparse.ArgumentParser) -> None:
