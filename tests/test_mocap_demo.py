@@ -41,16 +41,23 @@ def _world(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def test_the_readme_walkthrough_runs_as_written_and_recovers_the_truth(offline_env: dict[str, str],
-                                                                       tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def take(offline_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
+    """The README's walkthrough run as written in a fresh folder: (that folder, each command's stdout)."""
+    folder = tmp_path_factory.mktemp("walkthrough")
     commands = walkthrough()
     assert [c[1] for c in commands] == ["demo-rig", "calibrate", "triangulate", "calibrate"], commands
     outputs = []
     for argv in commands:
         assert argv[0] == ".venv/bin/sapiens2-stream", argv
-        ran = run_cli(argv[1:], offline_env, tmp_path, timeout=400)
+        ran = run_cli(argv[1:], offline_env, folder, timeout=400)
         assert ran.rc == 0, f"{shlex.join(argv)}\n{ran.stderr}"
         outputs.append(ran.stdout)
+    return folder, outputs
+
+
+def test_the_readme_walkthrough_runs_as_written_and_recovers_the_truth(take: tuple[Path, list[str]]) -> None:
+    tmp_path, outputs = take
     rig_dir = tmp_path / "out" / "rig"
     # demo-rig tells what comes next: the same commands (as sapiens2-stream)
     assert "sapiens2-stream calibrate --source cam1=out/rig/board/cam1.mp4" in outputs[0], outputs[0]
@@ -88,6 +95,113 @@ def test_the_readme_walkthrough_runs_as_written_and_recovers_the_truth(offline_e
     # the board to print: A4, the board calibrate expects
     assert "wrote out/board.pdf (ChArUco board of 5x7 squares of 0.04 m" in outputs[3]
     assert (tmp_path / "out" / "board.pdf").read_bytes().startswith(b"%PDF")
+
+
+DOC = REPO / "docs" / "MOCAP.md"
+
+
+def _section(title: str) -> str:
+    """The text of MOCAP.md's section ``## title`` (to the next ``## ``)."""
+    return DOC.read_text(encoding="utf-8").split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def _tables(section: str) -> list[list[list[str]]]:
+    """The Markdown tables of a section: each a list of rows, each a list of cells (header and rule left out)."""
+    tables, rows = [], []
+    for line in section.splitlines() + [""]:
+        if line.startswith("|"):
+            rows.append([cell.strip() for cell in line.strip("|").split("|")])
+        elif rows:
+            tables.append([r for r in rows[2:]])
+            rows = []
+    return tables
+
+
+def _names(table: list[list[str]]) -> set[str]:
+    """The backticked names of a table's first column."""
+    return {name for row in table for name in re.findall(r"`([^`]+)`", row[0])}
+
+
+def _fenced(section: str, language: str) -> str:
+    return re.search(rf"```{language}\n(.*?)```", section, re.DOTALL).group(1)
+
+
+def test_the_documented_files_are_the_files_written(take: tuple[Path, list[str]], offline_env: dict[str, str]) -> None:
+    """docs/MOCAP.md and what the commands write, field by field: the calibration file, the world
+    JSONL (and its example), the TRC's header and markers, the CSV's columns, the NumPy keys with
+    their dtypes and ranks, and every format's invalid points as its table says."""
+    import tomllib
+
+    from pipeline.mocap.world import world_record
+    from stages.mocap.fuse import WorldFrame
+
+    folder, _ = take
+    rig_dir = folder / "out" / "rig"
+    # calibration file
+    section = _section("Calibration file")
+    camera_keys, meta_keys = (_names(t) for t in _tables(section))
+    written = tomllib.loads((rig_dir / "calib.toml").read_text())
+    for name in (k for k in written if k != "metadata"):
+        assert set(written[name]) == camera_keys, name
+    assert set(written["metadata"]) == meta_keys
+    example = tomllib.loads(_fenced(section, "toml"))
+    assert set(example["cam_01"]) == camera_keys and set(example["metadata"]) == meta_keys
+    # world JSONL
+    section = _section("World JSONL")
+    step_keys, person_keys, single_keys = (_names(t) for t in _tables(section))
+    world = _world(rig_dir / "world.jsonl")
+    assert all(set(r) == step_keys and all(set(p) == person_keys for p in r["persons"]) for r in world)
+    frame = WorldFrame(0, 0, 0.0, ["a", "b"], {"a": 0}, np.zeros((0, 3, 3), np.float32), np.zeros((0, 3), bool),
+                       np.zeros((0, 3), np.float32), np.zeros((0, 3), np.uint8), np.zeros(0, np.int64),
+                       np.zeros((0, 2), np.int32), np.array([[1, 2]], np.int32))
+    assert [set(entry) for entry in world_record(frame)["single_view"]] == [single_keys]
+    example = json.loads(_fenced(section, "json"))
+    assert set(example) == step_keys and set(example["persons"][0]) == person_keys
+    assert set(example["single_view"][0]) == single_keys
+    # TRC
+    section = _section("TRC")
+    header, rows = read_trc(rig_dir / "walk_P0.trc")
+    shown = _fenced(section, "text").splitlines()
+    assert shown[0].split("\t")[:3] == header[0][:3] and shown[1].split("\t") == header[1]
+    assert shown[3].split("\t")[:2] == header[3][:2] and shown[4].split("\t")[2:5] == header[4][2:5]
+    markers = header[3][2::3]
+    listed = re.findall(r"`(\w+)`", section.split("- **Markers**", 1)[1].split("- **Rows**", 1)[0])
+    assert listed[:15] == markers[:15] and len(markers) == 308
+    for name, number in re.findall(r"`(\w+)` (?:is marker )?(\d+)", section):
+        assert markers[int(number) - 1] == name
+    # CSV
+    section = _section("CSV")
+    columns = _names(_tables(section)[0])
+    written = (rig_dir / "walk.csv").read_text().splitlines()
+    head = written[0].split(",")
+    assert head[:3] == ["step", "time_s", "person"] and {"step", "time_s", "person"} < columns
+    assert head[3:] == [f"{n}_{axis}" for n in markers for axis in "xyz"]
+    assert {"<name>_x", "<name>_y", "<name>_z"} < columns and _fenced(section, "text").startswith(",".join(head[:9]))
+    # NumPy
+    ran = run_cli(["export-world", "out/rig/world.jsonl", "--npz", "out/rig/walk.npz"], offline_env, folder)
+    assert ran.rc == 0, ran.stderr
+    arrays = np.load(rig_dir / "walk.npz")
+    table = _tables(_section("NumPy"))[0]
+    assert {row[0].strip("`") for row in table} == set(arrays.files)
+    for key, dtype, shape, _ in table:
+        array = arrays[key.strip("`")]
+        assert (array.dtype.kind == "U") if dtype == "str" else (array.dtype == np.dtype(dtype)), key
+        assert array.ndim == shape.count(",") + 1 - shape.endswith(",)"), (key, shape, array.shape)
+    # invalid points, as "How an invalid point appears" says, in every file of one take
+    invalid = [(s, p, k) for s, r in enumerate(world) for p, person in enumerate(r["persons"])
+               for k, v in enumerate(person["keypoints"]) if v is None]
+    assert invalid, "the take has no invalid point to look at"
+    ids = list(arrays["ids"])
+    csv_rows = {(int(r.split(",")[0]), int(r.split(",")[2])): r.split(",") for r in written[1:]}
+    trc = {pid: read_trc(rig_dir / f"walk_P{pid}.trc")[1] for pid in ids}
+    for s, p, k in invalid:
+        person = world[s]["persons"][p]
+        assert person["error_px"][k] is None and person["views"][k] == 0
+        column = ids.index(person["id"])
+        assert np.isnan(arrays["xyz"][s, column, k]).all() and not arrays["valid"][s, column, k]
+        assert arrays["error_px"][s, column, k] == 0 and arrays["views"][s, column, k] == 0
+        assert csv_rows[(world[s]["step"], person["id"])][3 + 3 * k: 6 + 3 * k] == ["", "", ""]
+        assert trc[person["id"]][s][2 + 3 * k: 5 + 3 * k] == ["", "", ""]
 
 
 def test_the_printable_board_is_the_board_calibrate_detects_at_true_size(offline_env: dict[str, str],
