@@ -35,18 +35,23 @@ def normal_blocks(extrinsics: np.ndarray) -> np.ndarray:
     return np.stack(blocks).reshape(len(extrinsics), 9, 4)
 
 
-def view_normals(blocks: np.ndarray, x: np.ndarray, y: np.ndarray, weights: np.ndarray) -> np.ndarray:
+def view_normals(blocks: np.ndarray, x: np.ndarray, y: np.ndarray, weights: np.ndarray,
+                 out: np.ndarray | None = None) -> np.ndarray:
     """Each view's part of every point's normal equations: blocks (``normal_blocks`` of the C views),
-    normalised coordinates x, y and weights (C, N) -> (9, C, N), one contiguous row per entry and
-    view: per view a GEMM of (9, 4) by (4, N), in chunks that OpenBLAS runs on one thread."""
+    normalised coordinates x, y and weights (C, N) -> (9, C, N) (into ``out`` when given), one row
+    per entry and view: per view a GEMM of (9, 4) by (4, N), in chunks that OpenBLAS runs on one
+    thread."""
     c, n = weights.shape
     w2 = weights * weights  # (C, N)
-    coefficients = np.stack([w2 * (x * x + y * y), w2 * x, w2 * y, w2], axis=1)  # (C, 4, N)
-    m = np.empty((c, 9, n))
+    coefficients = np.empty((c, 4, n))
+    coefficients[:, 0], coefficients[:, 1], coefficients[:, 2], coefficients[:, 3] = w2 * (x * x + y * y), w2 * x, \
+        w2 * y, w2
+    m = np.empty((9, c, n)) if out is None else out
+    by_view = m.transpose(1, 0, 2)  # (C, 9, N) view of the (9, C, N) result
     step = max(1, _ONE_THREAD_MNK // 36)
     for start in range(0, n, step):
-        np.matmul(blocks, coefficients[:, :, start:start + step], out=m[:, :, start:start + step])
-    return np.ascontiguousarray(m.swapaxes(0, 1))
+        np.matmul(blocks, coefficients[:, :, start:start + step], out=by_view[:, :, start:start + step])
+    return m
 
 
 def _adjugate(m: np.ndarray) -> tuple[np.ndarray, ...]:

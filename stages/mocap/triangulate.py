@@ -146,7 +146,9 @@ class _Solver:
         errors, front = self.errors(xyz, rows)
         if first:
             self.noise = noise_of(errors, chosen, spec.max_error_px)
-        left = total[:, None, :] - inside  # (9, C, N): each view left out
+        # each view left out: nine (C, N) entries (one (9, C, N) array would be over glibc's mmap threshold
+        # at 4 x 4, and returned to the system at every step: 400 page faults a step)
+        left = [total[i] - inside[i] for i in range(9)]
         others, ok = solve_normals(left)  # (3, C, N), (C, N)
         others = others.swapaxes(0, 1)  # (C, 3, N)
         u, v, front_out, cam = self.views.project_each(others)
@@ -172,7 +174,7 @@ class _Solver:
             w2 = np.where(chosen, self.weights[:, rows] ** 2, 0.0)  # (C, N)
             rest, rest4 = w2.sum(axis=0) - w2, np.sum(w2 * w2, axis=0) - w2 * w2
             mean_w2 = rest4[at] / np.where(rest[at] > 0, rest[at], 1.0)
-            expected[at] = self.noise ** 2 * mean_w2 * inverse_form(left[:, at[0], at[1]], [j1, j2])
+            expected[at] = self.noise ** 2 * mean_w2 * inverse_form([entry[at] for entry in left], [j1, j2])
         allowed = 9 * expected if strict is None else np.where(strict, 0.0, 9 * expected)  # three deviations
         left_ok = ~checked | (front_out & (squared - allowed <= limit))
         if strict is not None:  # checked by others that place the point on their own, or out
@@ -188,10 +190,10 @@ class _Solver:
     def widest(self, xyz: np.ndarray, used: np.ndarray, without: bool = False) -> np.ndarray:
         """(N,) the sine of the widest angle between two used views' rays to the points (3, N) (0
         without two); ``without``: (C, N) the same without each view."""
-        rays = xyz[:, None, :] - self.centres  # (3, C, N)
-        length2 = np.sum(rays * rays, axis=0)  # (C, N)
+        x, y, z = (xyz[i] - self.centres[i] for i in range(3))  # (C, N) each: the rays
+        length2 = x * x + y * y + z * z
         qa, qb = np.triu_indices(len(length2), 1)
-        dot = np.sum(rays[:, qa] * rays[:, qb], axis=0)  # (Q, N)
+        dot = x[qa] * x[qb] + y[qa] * y[qb] + z[qa] * z[qb]  # (Q, N)
         sine2 = 1.0 - dot * dot / np.maximum(length2[qa] * length2[qb], 1e-24)
         sine2 = np.where(used[qa] & used[qb], sine2, 0.0)
         if without:
@@ -294,7 +296,8 @@ def triangulate(cameras: Sequence[Camera] | CameraSet, pixels: np.ndarray, score
     u, v = np.where(finite, u, 0.0), np.where(finite, v, 0.0)
     weights = np.where(offered, score, 0.0)
     blocks = views.cached("view_blocks", lambda: normal_blocks(np.stack([c.extrinsic for c in views.cameras])))
-    parts = view_normals(blocks, np.where(finite, nrm[..., 0], 0.0), np.where(finite, nrm[..., 1], 0.0), weights)
+    parts = view_normals(blocks, np.where(finite, nrm[..., 0], 0.0), np.where(finite, nrm[..., 1], 0.0), weights,
+                         _scratch(views, p * k))  # (9, C, N)
     solver = _Solver(views, parts, weights, u, v, offered, spec)
     # Every point from all its views (whole arrays: no gather, no scatter); the points whose views do
     # not all agree look for their consensus, a few at a time.
@@ -315,6 +318,18 @@ def triangulate(cameras: Sequence[Camera] | CameraSet, pixels: np.ndarray, score
     return Points3D(np.where(valid, fit.xyz, 0.0).T.reshape(p, k, 3).astype(np.float32), valid.reshape(p, k),
                     rms.reshape(p, k).astype(np.float32), count.reshape(p, k).astype(np.uint8),
                     used.reshape(c, p, k).swapaxes(0, 1))
+
+
+def _scratch(views: CameraSet, n: int) -> np.ndarray:
+    """A (9, C, n) array for the views' normal equations, kept with the CameraSet from step to step
+    (its capacity grows): a fresh one each step (355 kB at 4 persons x 4 cameras) made glibc give
+    its heap back to the system at the end of the step and fault it in again at the next, some 120
+    page faults a step. A CameraSet is one world step's, used by one thread."""
+    kept = views.cached("scratch", dict)
+    c = len(views.cameras)
+    if kept.get("array") is None or kept["array"].shape[2] < n:
+        kept["array"] = np.empty((9, c, max(n, 2 * (0 if kept.get("array") is None else kept["array"].shape[2]))))
+    return kept["array"][:, :, :n]
 
 
 def _suspects(offered: np.ndarray, used: np.ndarray, valid: np.ndarray, persons: int, share: float) -> np.ndarray:
