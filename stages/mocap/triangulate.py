@@ -22,7 +22,7 @@ Every point is solved the same way, all points at once (numpy, no loop over poin
 4. A view that the others outvote on more than ``suspect_share`` of a person's points is suspect
    for that person: its other points are solved again with it counting for no consensus, never one
    of a pair, and agreeing only where the other views place the point on their own and it lands
-   within the threshold as it is. Two views always agree with each other: a point that rests on a
+   within the threshold as it is (a point where it does so already is left as it is). Two views always agree with each other: a point that rests on a
    suspect view and one other is invalid.
 5. A point is valid when at least ``min_views`` views remain, every one of them agreeing, and two
    of them see it from directions at least ``min_angle_deg`` apart (two cameras facing each other,
@@ -107,10 +107,11 @@ class _Fit:
     surprise: np.ndarray | None  # (C, N) a view's left-out error squared over its expected square
     without: np.ndarray  # (C, 3, N) the point of the set's views other than each
     agree: np.ndarray  # (C, N) the views of the set that agree
+    sure: np.ndarray  # (C, N) the views of the set that the others place within the threshold as it is
 
     def put(self, rows: np.ndarray, part: _Fit) -> None:
         """Take ``part``'s sets for the points ``rows``."""
-        for name in ("chosen", "xyz", "errors", "front", "agree"):
+        for name in ("chosen", "xyz", "errors", "front", "agree", "sure"):
             getattr(self, name)[:, rows] = getattr(part, name)
         self.solvable[rows] = part.solvable
 
@@ -146,8 +147,8 @@ class _Solver:
         errors, front = self.errors(xyz, rows)
         if first:
             self.noise = noise_of(errors, chosen, spec.max_error_px)
-        # each view left out: nine (C, N) entries (one (9, C, N) array would be over glibc's mmap threshold
-        # at 4 x 4, and returned to the system at every step: 400 page faults a step)
+        # each view left out: nine (C, N) entries (a (9, C, N) array, 355 kB at 4 x 4, would be given back
+        # to the system and faulted in again at every step, as ``_scratch`` says)
         left = [total[i] - inside[i] for i in range(9)]
         others, ok = solve_normals(left)  # (3, C, N), (C, N)
         others = others.swapaxes(0, 1)  # (C, 3, N)
@@ -185,7 +186,8 @@ class _Solver:
         if not first:
             surprise = np.where(checked, squared / (expected + self.noise ** 2), errors * errors / self.noise ** 2)
             surprise = np.where(front_out | ~checked, surprise, np.inf)
-        return _Fit(chosen.copy(), xyz, solvable, errors, front, surprise, others, agree)
+        sure = agree & checked & front_out & (squared <= limit)
+        return _Fit(chosen.copy(), xyz, solvable, errors, front, surprise, others, agree, sure)
 
     def widest(self, xyz: np.ndarray, used: np.ndarray, without: bool = False) -> np.ndarray:
         """(N,) the sine of the widest angle between two used views' rays to the points (3, N) (0
@@ -308,7 +310,13 @@ def triangulate(cameras: Sequence[Camera] | CameraSet, pixels: np.ndarray, score
         fit.put(todo, solver.consensus(todo))
     # Then the points of the views a person's other points caught wrong, with those views suspect.
     suspect = _suspects(offered, fit.chosen, solver.valid(fit, angle=False), p, spec.suspect_share)  # (C, N)
-    todo = np.flatnonzero(suspect.any(axis=0) & (count >= spec.min_views))
+    # (not the points where such a view is left out already, nor where the others check it as they would)
+    doubt = suspect & fit.chosen & ~fit.sure
+    rows = np.flatnonzero((suspect & fit.sure).any(axis=0))
+    if rows.size:
+        alone = solver.widest(fit.xyz[:, rows], fit.chosen[:, rows], without=True) < solver.min_sine  # (C, R)
+        doubt[:, rows] |= suspect[:, rows] & fit.sure[:, rows] & alone
+    todo = np.flatnonzero(doubt.any(axis=0) & (count >= spec.min_views))
     if todo.size:
         fit.put(todo, solver.consensus(todo, suspect))
     valid = solver.valid(fit)
