@@ -1,5 +1,6 @@
-"""A synthetic motion-capture rig for tests and benchmarks: known cameras around a volume, known
-moving 308-keypoint skeletons, and what each camera sees of them (noise, misses, a wrong detection).
+"""A synthetic motion-capture rig for the tests, the benchmarks and the demo rig: known cameras
+around a volume, known moving 308-keypoint skeletons, and what each camera sees of them (noise,
+misses, a wrong detection).
 
 World frame: metres, Z up, the floor at Z = 0. Skeletons are made from the keypoint groups of the
 Sapiens2 metadata: the 15 body joints are placed by hand, feet, hands and face points sit around
