@@ -25,9 +25,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.harness import add_common_args, dump_json, load_average, machine_info, measure, table, wait_quiet  # noqa: E402
+from pipeline.mocap.synthetic.people import base_skeleton, observe, pose_at, ring_rig, throw_off  # noqa: E402
 from stages.mocap.fuse import CameraView, WorldFuser  # noqa: E402
-from stages.types import Keypoints  # noqa: E402
-from pipeline.mocap.synthetic.people import base_skeleton, observe, pose_at, ring_rig  # noqa: E402
 
 TARGET_MS = 2.0  # 4 persons x 4 cameras
 
@@ -39,13 +38,7 @@ def case(persons: int, cameras: int, iters: int, warmup: int, thrown: float = 0.
               for i in range(persons)]
     observed = observe(rig, people, rng, noise_px=1.0, miss=0.05)
     if thrown:  # a share of the first person's keypoints 40 px off in the first camera
-        det, kp = observed[rig.names[0]]
-        row = int(np.flatnonzero(det.track_ids == 0)[0])
-        off = rng.choice(kp.xy.shape[1], round(thrown * kp.xy.shape[1]), replace=False)
-        angle = rng.uniform(0, 2 * np.pi, len(off))
-        xy = kp.xy.copy()
-        xy[row, off] += 40.0 * np.stack([np.cos(angle), np.sin(angle)], axis=-1)
-        observed[rig.names[0]] = (det, Keypoints(xy, kp.scores))
+        throw_off(observed, rig.names[0], 0, thrown, 40.0, rng)
     views = {n: CameraView(0, 0.0, 0, d, k) for n, (d, k) in observed.items()}
     fuser = WorldFuser(rig)
     world = fuser.step(views)

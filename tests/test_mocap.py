@@ -15,7 +15,7 @@ from pipeline.mocap.world import WorldStep, world_record
 from stages.mocap.camera import CalibrationError, Camera, Rig, read_rig, write_rig
 from stages.mocap.fuse import WorldFuser
 from stages.types import Detections, Frame, FrameResult, Keypoints
-from pipeline.mocap.synthetic.people import base_skeleton, observe, pose_at, ring_rig
+from pipeline.mocap.synthetic.people import base_skeleton, observe, pose_at, ring_rig, throw_off
 
 FPS = 30
 TOLERANCE_MEDIAN_M = 0.005  # at 1 px noise, cameras 3.5 m from the subjects (f ~ 914 px: 1 px ~ 4 mm there)
@@ -281,13 +281,7 @@ def test_keypoints_thrown_off_in_one_view_are_outvoted_not_triangulated_wrong(sh
     for i in range(12):
         people = _people(i / FPS, bases)
         observed = observe(rig, people, rng, noise_px=1.0, miss=0.05)
-        det, kp = observed[camera]
-        row = int(np.flatnonzero(det.track_ids == 0)[0])  # the first person, in this camera's order
-        thrown = rng.choice(kp.xy.shape[1], round(share * kp.xy.shape[1]), replace=False)
-        angle = rng.uniform(0, 2 * np.pi, len(thrown))
-        xy = kp.xy.copy()
-        xy[row, thrown] += THROWN_PX * np.stack([np.cos(angle), np.sin(angle)], axis=-1)
-        observed[camera] = (det, Keypoints(xy, kp.scores))
+        thrown = throw_off(observed, camera, 0, share, THROWN_PX, rng)  # of the first person
         world = step(_results(observed, i))
         assert len(world) == 3
         p = _nearest_errors(world, people)[1].index(0)

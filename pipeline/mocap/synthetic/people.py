@@ -116,3 +116,17 @@ def observe(rig: Rig, people: list[np.ndarray], rng: np.random.Generator, noise_
         kp = Keypoints(np.array(xy, np.float32).reshape(-1, k, 2), np.array(scores, np.float32).reshape(-1, k))
         out[name] = (det, kp)
     return out
+
+
+def throw_off(observed: dict[str, tuple[Detections, Keypoints]], camera: str, track: int, share: float,
+              px: float, rng: np.random.Generator) -> np.ndarray:
+    """Throw a ``share`` of the keypoints of person ``track`` in ``camera``'s view ``px`` pixels off
+    in random directions, their scores kept (a confused hand or face detection); returns which (M,)."""
+    det, kp = observed[camera]
+    row = int(np.flatnonzero(det.track_ids == track)[0])
+    thrown = rng.choice(kp.xy.shape[1], round(share * kp.xy.shape[1]), replace=False)
+    angle = rng.uniform(0, 2 * np.pi, len(thrown))
+    xy = kp.xy.copy()
+    xy[row, thrown] += px * np.stack([np.cos(angle), np.sin(angle)], axis=-1)
+    observed[camera] = (det, Keypoints(xy, kp.scores))
+    return thrown
