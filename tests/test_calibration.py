@@ -14,9 +14,9 @@ import pytest
 import tomllib
 
 from pipeline.mocap.calibrate_cmd import main as calibrate_main
+from pipeline.mocap.synthetic.board import BoardPose, Renderer, board_poses, rig_cameras
 from stages.mocap.camera import CalibrationError, Camera, read_rig
 from stages.mocap.charuco import Board, Detection, calibrate_rig, detect
-from pipeline.mocap.synthetic.board import BoardPose, Renderer, board_poses, rig_cameras
 from tests.cliutil import CLI, REPO, Ran, assert_one_clear_error
 
 BOARD = Board(6, 8, 0.08, 0.06)  # 35 inner corners, 24 markers of DICT_4X4_50

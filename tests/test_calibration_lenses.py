@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import tomllib
 
+from pipeline.mocap.synthetic.board import Renderer, board_poses, fisheye_board_poses, fisheye_cameras, rig_cameras
 from stages.mocap.camera import CalibrationError, read_rig
 from stages.mocap.charuco import Board, calibrate_rig, detect
-from pipeline.mocap.synthetic.board import Renderer, board_poses, fisheye_board_poses, fisheye_cameras, rig_cameras
 from tests.cliutil import CLI, REPO, assert_one_clear_error
 from tests.test_calibration import _run_in_process
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from pipeline.mocap.synthetic.people import horizontal_fov_matrix, look_at, ring_rig
 from stages.mocap.camera import Camera, CameraSet, UndistortGrid
 from stages.mocap.dlt import normal_blocks, solve_dlt
-from pipeline.mocap.synthetic.people import horizontal_fov_matrix, look_at, ring_rig
 
 
 def _camera(size=(1920, 1080), dist=(-0.12, 0.05, 0.0005, -0.0004, 0.0), fisheye=False, name="c") -> Camera:

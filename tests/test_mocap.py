@@ -11,11 +11,11 @@ import pytest
 
 from pipeline.mocap.options import MocapFields
 from pipeline.mocap.setup import fusion_of
+from pipeline.mocap.synthetic.people import base_skeleton, observe, pose_at, ring_rig, throw_off
 from pipeline.mocap.world import WorldStep, world_record
 from stages.mocap.camera import CalibrationError, Camera, Rig, read_rig, write_rig
 from stages.mocap.fuse import WorldFuser
 from stages.types import Detections, Frame, FrameResult, Keypoints
-from pipeline.mocap.synthetic.people import base_skeleton, observe, pose_at, ring_rig, throw_off
 
 FPS = 30
 TOLERANCE_MEDIAN_M = 0.005  # at 1 px noise, cameras 3.5 m from the subjects (f ~ 914 px: 1 px ~ 4 mm there)

@@ -16,12 +16,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from pipeline.mocap.synthetic.people import base_skeleton, observe, pose_at, ring_rig
 from sapiens2_client.jsonl import LineWriter, keypoint_record
 from sapiens2_client.subscriber import ReceiveTimeout, Subscriber
 from stages.metadata import load_metadata
 from stages.mocap.camera import Rig, read_rig, write_rig
 from tests.cliutil import CLI, OFFLINE, assert_one_clear_error, make_video, read_jsonl, run_cli
-from pipeline.mocap.synthetic.people import base_skeleton, observe, pose_at, ring_rig
 
 pytestmark = pytest.mark.timeout(300)
 CAMERAS = ["cam1", "cam2", "cam3"]
