@@ -233,14 +233,14 @@ def run_pipeline(cfg: RunConfig, stop: threading.Event | None = None) -> int:
     try:  # until the runner owns them, a setup failure must close the sources and sinks here
         metrics = _start_metrics(cfg, services)
         sinks = build_sinks(cfg, stop, several)
-        world, world_sinks = world_setup(cfg, rig)
-        sinks += world_sinks
         _start_view(cfg, sinks, services)
         if metrics is not None:
             sinks.append(metrics.sink())
             publisher = next((s for s in sinks if isinstance(s, ZmqPublisher) and not isinstance(s, _ViewFeed)), None)
             metrics.watch_publisher(publisher)
         sources, failed_at_start = open_sources(cfg, specs)
+        world, world_sinks = world_setup(cfg, rig, sources)  # the calibration checked against the frame sizes
+        sinks += world_sinks
         if metrics is not None:
             for name in failed_at_start:  # a series at 0 for each: an alert on source_up sees it
                 metrics.add_source(name)

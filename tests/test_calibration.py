@@ -1,5 +1,5 @@
 """ChArUco calibration (stages/mocap/charuco.py, pipeline/mocap/calibrate_cmd.py) on board views
-rendered through four cameras of known calibration (tests/boardsynth.py): the recovered
+rendered through four cameras of known calibration (pipeline/mocap/synthetic/board.py): the recovered
 intrinsics, poses and world frame, the rig file, the Pose2Sim and aniposelib files, the errors."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import pytest
 import tomllib
 
 from pipeline.mocap.calibrate_cmd import main as calibrate_main
+from pipeline.mocap.synthetic.board import BoardPose, Renderer, board_poses, rig_cameras
 from stages.mocap.camera import CalibrationError, Camera, read_rig
 from stages.mocap.charuco import Board, Detection, calibrate_rig, detect
-from tests.boardsynth import BoardPose, Renderer, board_poses, rig_cameras
 from tests.cliutil import CLI, REPO, Ran, assert_one_clear_error
 
 BOARD = Board(6, 8, 0.08, 0.06)  # 35 inner corners, 24 markers of DICT_4X4_50

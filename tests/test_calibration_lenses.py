@@ -1,4 +1,4 @@
-"""Calibration beyond the ordinary pinhole rig (tests/boardsynth.py renders the views): fisheye lenses
+"""Calibration beyond the ordinary pinhole rig (pipeline/mocap/synthetic/board.py renders the views): fisheye lenses
 (``calibrate --fisheye``), a mixed rig, and boards printed by OpenCV before 4.6 (``--legacy-board``)."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import tomllib
 
+from pipeline.mocap.synthetic.board import Renderer, board_poses, fisheye_board_poses, fisheye_cameras, rig_cameras
 from stages.mocap.camera import CalibrationError, read_rig
 from stages.mocap.charuco import Board, calibrate_rig, detect
-from tests.boardsynth import Renderer, board_poses, fisheye_board_poses, fisheye_cameras, rig_cameras
 from tests.cliutil import CLI, REPO, assert_one_clear_error
 from tests.test_calibration import _run_in_process
 

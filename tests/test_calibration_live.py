@@ -14,8 +14,8 @@ import time
 import numpy as np
 import pytest
 
+from pipeline.mocap.synthetic.board import Renderer, board_poses, rig_cameras
 from stages.mocap.camera import read_rig
-from tests.boardsynth import Renderer, board_poses, rig_cameras
 from tests.cliutil import CLI, REPO, ctrl_c, killed_on_exit, wait_for
 from tests.livestream import LiveStream, cycling
 from tests.test_calibration import BOARD

@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from pipeline.mocap.synthetic.people import horizontal_fov_matrix, look_at, ring_rig
 from stages.mocap.camera import Camera, CameraSet, UndistortGrid
-from stages.mocap.triangulate import normal_blocks, solve_dlt
-from tests.mocaprig import horizontal_fov_matrix, look_at, ring_rig
+from stages.mocap.dlt import normal_blocks, solve_dlt
 
 
 def _camera(size=(1920, 1080), dist=(-0.12, 0.05, 0.0005, -0.0004, 0.0), fisheye=False, name="c") -> Camera:
@@ -105,3 +105,18 @@ def test_the_normal_equations_in_chunks_solve_as_per_point_least_squares() -> No
     assert ok[solvable].all()
     np.testing.assert_allclose(xyz[solvable], _lstsq_dlt(extrinsics, normalised, weights)[solvable], rtol=0, atol=1e-6)
     assert np.median(np.linalg.norm(xyz[solvable] - truth[solvable], axis=1)) < 0.02
+
+
+def test_a_rescaled_camera_sees_the_world_in_its_resized_frame() -> None:
+    """A camera calibrated at 1920x1080 and rescaled to 1280x720 projects every point where a resize of
+    its frame puts it (pixel centres: x' = (x + 0.5) * 2/3 - 0.5), distortion and all; its undistortion
+    inverts that projection."""
+    full = _camera((1920, 1080))
+    small = full.rescaled((1280, 720))
+    assert small.size == (1280, 720) and np.array_equal(small.dist, full.dist)
+    points = np.random.default_rng(3).uniform([-1.0, -1.0, 0.2], [1.0, 1.0, 1.8], (500, 3))
+    big_px, front = full.project(points)
+    small_px, _ = small.project(points)
+    assert front.all()
+    np.testing.assert_allclose(small_px, (big_px + 0.5) * (1280 / 1920) - 0.5, atol=1e-9)
+    np.testing.assert_allclose(small.undistort(small_px), full.undistort(big_px), atol=1e-6)

@@ -16,12 +16,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from pipeline.mocap.synthetic.people import base_skeleton, observe, pose_at, ring_rig
 from sapiens2_client.jsonl import LineWriter, keypoint_record
 from sapiens2_client.subscriber import ReceiveTimeout, Subscriber
 from stages.metadata import load_metadata
-from stages.mocap.camera import write_rig
+from stages.mocap.camera import Rig, read_rig, write_rig
 from tests.cliutil import CLI, OFFLINE, assert_one_clear_error, make_video, read_jsonl, run_cli
-from tests.mocaprig import base_skeleton, observe, pose_at, ring_rig
 
 pytestmark = pytest.mark.timeout(300)
 CAMERAS = ["cam1", "cam2", "cam3"]
@@ -37,7 +37,10 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def rig_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("rig")
-    write_rig(ring_rig(3, size=(320, 240), names=CAMERAS), folder / "calib.toml")
+    rig = ring_rig(3, size=(320, 240), names=CAMERAS)
+    write_rig(rig, folder / "calib.toml")
+    for w, h in ((640, 480), (320, 180)):  # calibrated at twice the videos' size; at another aspect
+        write_rig(Rig({n: c.rescaled((w, h)) for n, c in rig.cameras.items()}), folder / f"calib_{w}x{h}.toml")
     for i, name in enumerate(CAMERAS):
         make_video(folder / f"{name}.mp4", 6 + i)  # files of 6, 7 and 8 frames: the short ones end first
     return folder
@@ -77,7 +80,8 @@ def test_three_cameras_through_the_pipeline_publish_world_messages_and_write_wor
     # Random weights give arbitrary keypoints: generous thresholds let them triangulate, so the files
     # and messages carry points (their accuracy is tests/test_mocap.py's and the triangulate test's).
     args = [*OFFLINE, "--tasks", "pose", *(a for n in CAMERAS for a in ("--source", f"{n}={rig_dir / n}.mp4")),
-            "--calibration", rig_dir / "calib.toml", "--triangulate", "--save-world", "out/world.jsonl",
+            "--calibration", rig_dir / "calib_640x480.toml", "--rescale-calibration", "--triangulate",
+            "--save-world", "out/world.jsonl",
             "--export-trc", "out/run.trc", "--save-keypoints", "out/{source}.jsonl", "--publish", endpoint,
             "--world-max-epipolar-px", "1e6", "--world-max-error-px", "1e6"]
     proc = subprocess.Popen([*CLI, *map(str, args)], env=cli_env, cwd=tmp_path, stdout=subprocess.PIPE,
@@ -96,6 +100,7 @@ def test_three_cameras_through_the_pipeline_publish_world_messages_and_write_wor
             proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
+    assert "camera cam1 calibrated at 640x480, scaled to its frames' 320x240" in err, err
     world = read_jsonl(tmp_path / "out" / "world.jsonl")
     assert world and [r["step"] for r in world] == list(range(len(world)))
     by_step = {r["step"]: r for r in world}
@@ -132,9 +137,26 @@ def test_three_cameras_through_the_pipeline_publish_world_messages_and_write_wor
     assert not list((tmp_path / "out").glob("*.part")), "a spool or partial file was left"
 
 
-def _recorded_run(folder: Path, steps: int = 12) -> tuple[list[list[np.ndarray]], Path]:
+def test_a_run_whose_trc_export_has_no_person_says_so(tiny: Path, cli_env: dict[str, str], rig_dir: Path,
+                                                     tmp_path: Path) -> None:
+    """--export-trc of a run where no person is triangulated (no pairing passes a 0.001 px epipolar
+    test): no TRC file, one warning line that says why; the run succeeds."""
+    args = [*OFFLINE, "--tasks", "pose", *(a for n in CAMERAS[:2] for a in ("--source", f"{n}={rig_dir / n}.mp4")),
+            "--calibration", rig_dir / "calib.toml", "--triangulate", "--world-max-epipolar-px", "0.001",
+            "--export-trc", "out/run.trc"]
+    ran = run_cli(args, cli_env, tmp_path)
+    assert ran.rc == 0, ran.stderr
+    warnings = [line for line in ran.stderr.splitlines() if "--export-trc" in line]
+    assert len(warnings) == 1 and warnings[0].startswith("WARNING"), ran.stderr
+    assert "--export-trc out/run.trc: no person was triangulated in the 7 world steps: no TRC written" in warnings[0]
+    assert not list(tmp_path.rglob("*.trc")) and not list(tmp_path.rglob("*.part"))
+
+
+def _recorded_run(folder: Path, steps: int = 12, miss: float = 0.05,
+                  hidden: tuple[int, int, int] | None = None) -> tuple[list[list[np.ndarray]], Path]:
     """Keypoint files of three calibrated cameras watching two known moving skeletons (as the
-    pipeline's --save-keypoints writes them), with a wrong detection in cam2; returns the truth."""
+    pipeline's --save-keypoints writes them), with a wrong detection in cam2; returns the truth.
+    ``hidden``: (step, person, keypoint) that cam2 and cam3 miss."""
     rig = ring_rig(3, radius=3.5, names=CAMERAS)
     write_rig(rig, folder / "calib.toml")
     bases = [base_skeleton(0), base_skeleton(1)]
@@ -144,8 +166,11 @@ def _recorded_run(folder: Path, steps: int = 12) -> tuple[list[list[np.ndarray]]
     for i in range(steps):
         people = [pose_at(b, i / FPS, start=(-0.5 + j, 0.2 * j), heading=2.0 * j) for j, b in enumerate(bases)]
         truth.append(people)
-        for name, (det, kp) in observe(rig, people, rng, noise_px=1.0, miss=0.05).items():
+        for name, (det, kp) in observe(rig, people, rng, noise_px=1.0, miss=miss).items():
             xy, scores, boxes, ids = kp.xy, kp.scores, det.boxes, det.track_ids
+            if hidden is not None and hidden[0] == i and name != "cam1":
+                scores = scores.copy()
+                scores[np.flatnonzero(ids == hidden[1])[0], hidden[2]] = 0.0
             if name == "cam2":  # a false person only cam2 reports
                 xy = np.concatenate([xy, xy[:1] + rng.normal(0, 40, xy[:1].shape) + 120])
                 scores, boxes, ids = (np.concatenate([scores, scores[:1]]), np.concatenate([boxes, boxes[:1]]),
@@ -167,6 +192,13 @@ def test_triangulate_recovers_known_skeletons_from_recorded_keypoint_files(cli_e
     assert "12 steps from 3 cameras, 24 world persons" in ran.stdout, ran.stdout
     world = read_jsonl(tmp_path / "world.jsonl")
     assert len(world) == 12
+    # each export says what it wrote
+    for pid in {p["id"] for r in world for p in r["persons"]}:
+        assert f"wrote run_{pid}.trc (TRC: person {pid}, 12 steps of 308 markers at 30.00 Hz, metres, Y up)" \
+            in ran.stdout, ran.stdout
+    assert "wrote run.csv (CSV: 24 rows, one per step and person: 12 steps, 2 persons;" in ran.stdout, ran.stdout
+    assert "wrote run.npz (NumPy: xyz of 12 steps x 2 persons x 308 keypoints in metres" in ran.stdout, ran.stdout
+    assert "wrote world.jsonl (world JSON Lines: 12 steps)" in ran.stdout, ran.stdout
     errors, who = [], {}
     for record, people in zip(world, truth):
         assert len(record["persons"]) == 2 and len(record["single_view"]) == 1  # the false person, alone
@@ -193,6 +225,76 @@ def test_triangulate_recovers_known_skeletons_from_recorded_keypoint_files(cli_e
     assert np.isnan(arrays["xyz"][~arrays["valid"]]).all() and np.isfinite(arrays["xyz"][arrays["valid"]]).all()
 
 
+def _median_errors(world: list[dict], truth: list[list[np.ndarray]]) -> list[float]:
+    """Each world person's median error (m) against the nearest true person, step by step."""
+    errors = []
+    for record, people in zip(world, truth):
+        for person in record["persons"]:
+            points = [(np.array(v), i) for i, v in enumerate(person["keypoints"]) if v is not None]
+            errors.append(min(np.median([np.linalg.norm(p - x[i]) for p, i in points]) for x in people))
+    return errors
+
+
+def test_triangulate_checks_the_calibration_against_the_keypoint_files_image_size(
+        cli_env: dict[str, str], tmp_path: Path) -> None:
+    """Keypoint files of 1280x720 images: a calibration made at 640x360 is refused in one line naming
+    the camera and both sizes; with --rescale-calibration it is scaled and recovers the skeletons as
+    the right one does; one made at 640x480 (another aspect: a crop) is refused even so."""
+    truth, calib = _recorded_run(tmp_path, steps=4)
+    rig = read_rig(calib)
+    for w, h in ((640, 360), (640, 480)):
+        write_rig(Rig({n: c.rescaled((w, h)) for n, c in rig.cameras.items()}), tmp_path / f"calib_{w}x{h}.toml")
+    keypoints = [a for n in CAMERAS for a in ("--keypoints", f"{n}={tmp_path / n}.jsonl")]
+    ran = run_cli(["triangulate", *keypoints, "--calibration", "calib_640x360.toml", "--save-world", "w.jsonl"],
+                  cli_env, tmp_path)
+    assert_one_clear_error(ran, "calib_640x360.toml", "'cam1'", "calibrated at 640x360", "images are 1280x720",
+                           "--rescale-calibration")
+    assert not (tmp_path / "w.jsonl").exists()
+    ran = run_cli(["triangulate", *keypoints, "--calibration", "calib_640x480.toml", "--rescale-calibration",
+                   "--save-world", "w.jsonl"], cli_env, tmp_path)
+    assert_one_clear_error(ran, "'cam1'", "calibrated at 640x480", "images are 1280x720", "aspect")
+    ran = run_cli(["triangulate", *keypoints, "--calibration", "calib_640x360.toml", "--rescale-calibration",
+                   "--save-world", "w.jsonl"], cli_env, tmp_path)
+    assert ran.rc == 0, ran.stderr
+    errors = _median_errors(read_jsonl(tmp_path / "w.jsonl"), truth)
+    assert len(errors) == 8 and max(errors) < 0.006, f"median errors per person up to {1000 * max(errors):.1f} mm"
+
+
+def test_exports_of_no_person_say_so_in_one_warning_line_each(cli_env: dict[str, str], tmp_path: Path) -> None:
+    """No person is triangulated (no pairing passes a 0.001 px epipolar test): the TRC export writes
+    nothing and says so; the CSV and NumPy files are written without a person, and say so; one
+    warning line each. export-world of that world file says the same."""
+    _recorded_run(tmp_path, steps=3)
+    ran = run_cli(["triangulate", *(a for n in CAMERAS for a in ("--keypoints", f"{n}={tmp_path / n}.jsonl")),
+                   "--calibration", "calib.toml", "--max-epipolar-px", "0.001", "--save-world", "world.jsonl",
+                   "--export-trc", "run.trc", "--csv", "run.csv", "--npz", "run.npz"], cli_env, tmp_path)
+    assert ran.rc == 0, ran.stderr
+    assert "3 steps from 3 cameras, 0 world persons in all, 0% of their keypoints triangulated" in ran.stdout
+    warnings = [line for line in ran.stderr.splitlines() if "no person was triangulated" in line]
+    assert len(warnings) == 3 and all(line.startswith("WARNING") for line in warnings), ran.stderr
+    assert "in the 3 world steps: no TRC written" in warnings[0]
+    assert "run.csv holds no person (CSV)" in warnings[1] and "run.npz holds no person (NumPy)" in warnings[2]
+    assert not list(tmp_path.glob("run*.trc"))
+    assert "wrote run.csv (CSV: 0 rows" in ran.stdout and "wrote run.npz (NumPy: xyz of 3 steps x 0 persons" in \
+        ran.stdout, ran.stdout
+    ran = run_cli(["export-world", "world.jsonl", "--trc", "again.trc"], cli_env, tmp_path)
+    assert ran.rc == 0, ran.stderr
+    assert [line for line in ran.stderr.splitlines() if line.strip()] == [
+        "WARNING pipeline.mocap.commands: no person was triangulated in the 3 world steps: no TRC written"]
+    assert ran.stdout == "" and not list(tmp_path.glob("again*.trc"))
+
+
+def test_the_summary_never_rounds_a_shortfall_up_to_all(cli_env: dict[str, str], tmp_path: Path) -> None:
+    """One keypoint of 7,392 seen by one camera only (no other miss): 99.99% triangulated is not 100%."""
+    _recorded_run(tmp_path, miss=0.0, hidden=(5, 0, 100))
+    ran = run_cli(["triangulate", *(a for n in CAMERAS for a in ("--keypoints", f"{n}={tmp_path / n}.jsonl")),
+                   "--calibration", "calib.toml", "--save-world", "world.jsonl"], cli_env, tmp_path)
+    assert ran.rc == 0, ran.stderr
+    world = read_jsonl(tmp_path / "world.jsonl")
+    assert sum(p["keypoints"].count(None) for r in world for p in r["persons"]) == 1
+    assert "24 world persons in all, 99.9% of their keypoints triangulated" in ran.stdout, ran.stdout
+
+
 def test_export_world_reads_a_file_cut_short_by_a_killed_run(cli_env: dict[str, str], tmp_path: Path) -> None:
     _recorded_run(tmp_path, steps=4)
     ran = run_cli(["triangulate", *(a for n in CAMERAS for a in ("--keypoints", f"{n}={tmp_path / n}.jsonl")),
@@ -214,6 +316,10 @@ def test_export_world_reads_a_file_cut_short_by_a_killed_run(cli_env: dict[str, 
     (["--triangulate", "--calibration", "{rig}/calib.toml", "--source", "door={rig}/cam1.mp4"], ["'door'", "cam1"]),
     (["--save-world", "w.jsonl"], ["--triangulate"]),
     (["--triangulate", "--calibration", "{rig}/calib.toml", "--tasks", "seg"], ["pose"]),
+    (["--triangulate", "--calibration", "{rig}/calib_640x480.toml"],
+     ["'cam1'", "calibrated at 640x480", "frames are 320x240", "--rescale-calibration"]),
+    (["--triangulate", "--calibration", "{rig}/calib_320x180.toml", "--rescale-calibration"],
+     ["'cam1'", "calibrated at 320x180", "frames are 320x240", "aspect"]),
 ])
 def test_a_run_that_cannot_triangulate_is_refused_in_one_line_before_models_load(
         cli_env: dict[str, str], rig_dir: Path, tmp_path: Path, extra: list[str], needles: list[str]) -> None:

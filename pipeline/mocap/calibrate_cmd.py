@@ -57,13 +57,7 @@ def add_calibrate_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--source", action="append", required=True, metavar="NAME=SPEC",
                    help="a camera's recording or live source (video file, image folder or glob, webcam:N); "
                         "repeatable, one per camera, read in lockstep; NAME is the camera's name in the file")
-    p.add_argument("--board", required=True, metavar="COLSxROWS", help="the board's squares, e.g. 5x7")
-    p.add_argument("--square", type=positive(float), required=True, help="side of a square, metres (measured)")
-    p.add_argument("--marker", type=positive(float), required=True, help="side of a marker, metres (measured)")
-    p.add_argument("--dictionary", default="DICT_4X4_50", metavar="DICT",
-                   help="the board's ArUco dictionary, an OpenCV name (default DICT_4X4_50)")
-    p.add_argument("--legacy-board", action="store_true",
-                   help="the board was made by OpenCV before 4.6 (boards with an even number of rows differ)")
+    add_board_flags(p)
     p.add_argument("--out", default="calib.toml", help="the calibration file to write (default calib.toml)")
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     p.add_argument("--every", type=positive(int), default=1, help="use every Nth frame (default 1)")
@@ -84,15 +78,32 @@ def add_calibrate_parser(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_calibrate)
 
 
-def _checked(args: argparse.Namespace) -> tuple[Board, list[SourceSpec], Path, list[str]]:
-    """Board, named sources, output path and fisheye cameras from the flags, before anything is opened."""
-    from stages.mocap.camera import CalibrationError
+def add_board_flags(p: argparse.ArgumentParser) -> None:
+    """The flags that say which ChArUco board (``calibrate`` and ``calibrate board``; ``board_of``)."""
+    p.add_argument("--board", required=True, metavar="COLSxROWS", help="the board's squares, e.g. 5x7")
+    p.add_argument("--square", type=positive(float), required=True, help="side of a square, metres (measured)")
+    p.add_argument("--marker", type=positive(float), required=True, help="side of a marker, metres (measured)")
+    p.add_argument("--dictionary", default="DICT_4X4_50", metavar="DICT",
+                   help="the board's ArUco dictionary, an OpenCV name (default DICT_4X4_50)")
+    p.add_argument("--legacy-board", action="store_true",
+                   help="the board was made by OpenCV before 4.6 (boards with an even number of rows differ)")
+
+
+def board_of(args: argparse.Namespace) -> Board:
+    """The board of ``add_board_flags``; ConfigError (one line) when they do not make one."""
     from stages.mocap.charuco import DICTIONARIES, Board, parse_squares
 
     if args.dictionary not in DICTIONARIES:
         raise ConfigError(f"--dictionary: {args.dictionary!r} is not one of OpenCV's ArUco dictionaries; use one of "
                           f"{', '.join(DICTIONARIES)}")
-    board = Board(*parse_squares(args.board), args.square, args.marker, args.dictionary, args.legacy_board)
+    return Board(*parse_squares(args.board), args.square, args.marker, args.dictionary, args.legacy_board)
+
+
+def _checked(args: argparse.Namespace) -> tuple[Board, list[SourceSpec], Path, list[str]]:
+    """Board, named sources, output path and fisheye cameras from the flags, before anything is opened."""
+    from stages.mocap.camera import CalibrationError
+
+    board = board_of(args)
     specs = name_sources([], args.source, None)
     if len(specs) < 2:
         raise ConfigError("calibrate needs at least two sources, one per camera (--source NAME=SPEC each)")

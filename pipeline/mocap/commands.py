@@ -1,4 +1,5 @@
-"""Motion-capture commands: ``calibrate`` (pipeline.mocap.calibrate_cmd), ``triangulate`` (world
+"""Motion-capture commands: ``calibrate`` (pipeline.mocap.calibrate_cmd), ``calibrate board``
+(pipeline.mocap.board_cmd), ``demo-rig`` (pipeline.mocap.demo_cmd), ``triangulate`` (world
 skeletons from the keypoint files of a recorded run, through the live run's world step) and
 ``export-world`` (a world JSONL as TRC, CSV or NumPy).
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 from collections.abc import Iterator
 from fractions import Fraction
 from pathlib import Path
@@ -29,10 +31,14 @@ log = logging.getLogger(__name__)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    """Register calibrate, triangulate and export-world."""
+    """Register calibrate, calibrate-board, demo-rig, triangulate and export-world."""
+    from .board_cmd import add_board_parser
     from .calibrate_cmd import add_calibrate_parser
+    from .demo_cmd import add_demo_parser
 
     add_calibrate_parser(subparsers)
+    add_board_parser(subparsers)
+    add_demo_parser(subparsers)
     t = subparsers.add_parser("triangulate", help="world skeletons from the keypoint files of a recorded "
                                                   "multi-camera run (as the live --triangulate computes them)")
     t.add_argument("--keypoints", action="append", required=True, metavar="NAME=FILE",
@@ -45,6 +51,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     t.add_argument("--npz", help="write the NumPy arrays here (.npz)")
     t.add_argument("--clock", choices=["media", "capture"], default="media",
                    help="which clock lines up the cameras: media (pts; recorded files) or capture (live cameras)")
+    t.add_argument("--rescale-calibration", action="store_true",
+                   help="scale a camera's calibration to its keypoint file's image size when that is a resize of "
+                        "the calibrated size (the same aspect); without it, such a camera is refused")
     _add_world_flags(t)
     t.set_defaults(func=cmd_triangulate)
 
@@ -58,6 +67,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     e.set_defaults(func=cmd_export_world)
 
 
+def expand_shorthand(argv: list[str]) -> list[str]:
+    """``calibrate board ...`` is ``calibrate-board ...``."""
+    return ["calibrate-board", *argv[2:]] if argv[:2] == ["calibrate", "board"] else argv
+
+
 def _add_world_flags(p: argparse.ArgumentParser) -> None:
     """The live run's fusion settings, with its defaults (pipeline.mocap.options)."""
     defaults = MocapFields()
@@ -65,10 +79,13 @@ def _add_world_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--window-ms", type=float, default=defaults.world_window_ms,
                    help=f"cameras' frames within this of each other are one step (default: {defaults.world_window_ms:g})")
     p.add_argument("--max-error-px", type=float, default=defaults.world_max_error_px,
-                   help=f"reprojection error that rejects a view (default: {defaults.world_max_error_px:g})")
+                   help=f"reprojection error over which a view disagrees (default: {defaults.world_max_error_px:g})")
     p.add_argument("--max-epipolar-px", type=float, default=defaults.world_max_epipolar_px,
                    help=f"epipolar distance that refuses a pairing (default: {defaults.world_max_epipolar_px:g})")
     p.add_argument("--min-views", type=int, default=defaults.world_min_views, help="views a point needs (default: 2)")
+    p.add_argument("--min-angle-deg", type=float, default=defaults.world_min_angle_deg,
+                   help=f"two of a point's views must see it from directions this far apart (default: "
+                        f"{defaults.world_min_angle_deg:g})")
     p.add_argument("--trc-up", choices=["y", "z"], default="y", help="TRC up axis (y: OpenSim's, Z-up turned Y-up)")
 
 
@@ -87,6 +104,23 @@ def _camera_files(specs: list[str]) -> dict[str, list[dict[str, Any]]]:
                 raise ConfigError(f"--keypoints {path}: its lines carry no source; name the camera: NAME={path}")
             records.setdefault(camera, []).append(line)
     return records
+
+
+def _image_sizes(records: dict[str, list[dict[str, Any]]]) -> dict[str, tuple[int, int]]:
+    """Each camera's image size (width, height) from its records; ConfigError when they hold two."""
+    sizes = {}
+    for camera, lines in records.items():
+        seen = {(line.get("width"), line.get("height")) for line in lines} - {(None, None)}
+        if len(seen) > 1:
+            listed = ", ".join(f"{w}x{h}" for w, h in sorted(seen, key=str))
+            raise ConfigError(f"--keypoints {camera}: its records are of images of {len(seen)} sizes ({listed}); "
+                              "one calibration fits one size: split the file where the size changes")
+        for width, height in seen:
+            if not (isinstance(width, int) and isinstance(height, int) and width > 0 and height > 0):
+                raise ConfigError(f"--keypoints {camera}: its records give the image size {width!r}x{height!r}, "
+                                  "not a width and height in pixels")
+            sizes[camera] = (width, height)
+    return sizes
 
 
 def _lines(path: Path) -> Iterator[dict[str, Any]]:
@@ -143,7 +177,7 @@ def cmd_triangulate(args: argparse.Namespace) -> int:
     from stages.mocap.fuse import WorldFuser
 
     from .export import write_csv, write_npz, write_trc
-    from .setup import fusion_of
+    from .setup import fusion_of, rig_for_frames
     from .world import WorldWriter  # the live run's --save-world writer: one format
 
     if not (args.save_world or args.export_trc or args.csv or args.npz):
@@ -157,8 +191,11 @@ def cmd_triangulate(args: argparse.Namespace) -> int:
         rig.check_sources(records, args.calibration)
     except CalibrationError as exc:
         raise ConfigError(str(exc)) from None
+    rig = rig_for_frames(rig, _image_sizes(records), args.rescale_calibration, "its keypoint file's images",
+                         args.calibration)
     options = MocapFields(world_window_ms=args.window_ms, world_max_error_px=args.max_error_px,
-                          world_max_epipolar_px=args.max_epipolar_px, world_min_views=args.min_views)
+                          world_max_epipolar_px=args.max_epipolar_px, world_min_views=args.min_views,
+                          world_min_angle_deg=args.min_angle_deg)
     options.validate_mocap(["pose"])
     fuser = WorldFuser(rig, fusion_of(options, args.kpt_threshold, 1.0))
     k = next((len(p["keypoints"]) for lines in records.values() for r in lines for p in r.get("persons") or []
@@ -177,25 +214,48 @@ def cmd_triangulate(args: argparse.Namespace) -> int:
             valid_share += world.valid.mean(axis=1).tolist()
     finally:
         writer.close()
+    exports = []
     try:
-        outputs = []
-        if args.export_trc and steps:
-            outputs += write_trc(world_path, args.export_trc, args.trc_up)
-        if args.csv and steps:
-            outputs.append(write_csv(world_path, args.csv))
-        if args.npz and steps:
-            outputs.append(write_npz(world_path, args.npz))
+        if steps:  # the world file exists from its first step
+            if args.export_trc:
+                exports.append(write_trc(world_path, args.export_trc, args.trc_up))
+            if args.csv:
+                exports.append(write_csv(world_path, args.csv))
+            if args.npz:
+                exports.append(write_npz(world_path, args.npz))
     finally:
         if not args.save_world:
             world_path.unlink(missing_ok=True)
-        else:
-            outputs = [world_path, *outputs]
-    share = float(np.mean(valid_share)) if valid_share else 0.0
     print(f"{steps} steps from {len(records)} cameras, {persons} world persons in all, "
-          f"{100 * share:.0f}% of their keypoints triangulated")
-    for path in outputs:
-        print(f"wrote {path}")
+          f"{percent(float(np.mean(valid_share)) if valid_share else 0.0)} of their keypoints triangulated")
+    if args.save_world and steps:
+        print(f"wrote {world_path} (world JSON Lines: {steps} steps)")
+    if not steps:
+        log.warning("no world step: the keypoint files hold no frame; nothing written")
+    _report(exports)
     return 0
+
+
+def percent(share: float) -> str:
+    """``share`` (0..1) as a percentage that never rounds a shortfall up to 100% (99.75% is
+    "99.7%") nor a few down to 0%."""
+    text = f"{100 * share:.0f}%"
+    if text == "100%" and share < 1:
+        return f"{math.floor(1000 * share) / 10:.1f}%"
+    if text == "0%" and share > 0:
+        return f"{max(math.ceil(1000 * share) / 10, 0.1):.1f}%"
+    return text
+
+
+def _report(exports: list) -> None:
+    """Each export's ``wrote`` lines (stdout), or its one warning when it holds no person."""
+    for export in exports:
+        warning = export.warning()
+        if warning:
+            log.warning("%s", warning)
+        if export.paths:
+            for line in export.wrote():
+                print(line)
 
 
 def cmd_export_world(args: argparse.Namespace) -> int:
@@ -206,15 +266,14 @@ def cmd_export_world(args: argparse.Namespace) -> int:
     if not Path(args.world).is_file():
         raise ConfigError(f"export-world: {args.world}: no such file (a run's --save-world)")
     try:
-        outputs = []
+        exports = []
         if args.trc:
-            outputs += write_trc(args.world, args.trc, args.trc_up, args.rate)
+            exports.append(write_trc(args.world, args.trc, args.trc_up, args.rate))
         if args.csv:
-            outputs.append(write_csv(args.world, args.csv))
+            exports.append(write_csv(args.world, args.csv))
         if args.npz:
-            outputs.append(write_npz(args.world, args.npz))
+            exports.append(write_npz(args.world, args.npz))
     except ValueError as exc:
         raise ConfigError(f"export-world: {exc}") from None
-    for path in outputs:
-        print(f"wrote {path}")
+    _report(exports)
     return 0

@@ -34,6 +34,33 @@ from .world import read_world
 
 
 @dataclass(frozen=True)
+class Export:
+    """What one export wrote: its format, its files (one per person for TRC; none for a TRC of no
+    person), the steps and person ids, and what a file holds."""
+
+    kind: str
+    paths: list[Path]
+    steps: int
+    ids: list[int]
+    holds: str
+
+    def wrote(self) -> list[str]:
+        """One ``wrote PATH (...)`` line per file written."""
+        if self.kind == "TRC":
+            return [f"wrote {path} (TRC: person {pid}, {self.holds})" for pid, path in zip(self.ids, self.paths)]
+        return [f"wrote {path} ({self.kind}: {self.holds})" for path in self.paths]
+
+    def warning(self) -> str | None:
+        """The one line that says an export holds no person, or None."""
+        if self.ids:
+            return None
+        steps = f"{self.steps} world step{'s' if self.steps != 1 else ''}"
+        if self.kind == "TRC":
+            return f"no person was triangulated in the {steps}: no TRC written"
+        return f"no person was triangulated in the {steps}: {self.paths[0]} holds no person ({self.kind})"
+
+
+@dataclass(frozen=True)
 class Survey:
     """What the first pass finds: steps, person ids (in order of appearance), keypoints, times."""
 
@@ -95,8 +122,8 @@ def _trc_header(out: TextIO, path: Path, names: list[str], steps: int, rate: flo
 
 
 def write_trc(world_jsonl: str | Path, path: str | Path, up: str = "y", rate: float | None = None,
-              camera_rate: float | None = None) -> list[Path]:
-    """TRC files of every person of a world file (see the module docstring); returns the paths written.
+              camera_rate: float | None = None) -> Export:
+    """TRC files of every person of a world file (see the module docstring); none without a person.
     DataRate is ``rate`` or the steps' own (the median interval: a live run that dropped frames has
     fewer steps than its cameras' frames); CameraRate is ``camera_rate`` (the cameras' nominal fps)
     or the same. Each file is written to ``.part`` and renamed when whole: a failed export leaves
@@ -126,15 +153,17 @@ def write_trc(world_jsonl: str | Path, path: str | Path, up: str = "y", rate: fl
             out.close()
     for pid, target in paths.items():
         target.with_name(target.name + ".part").replace(target)
-    return list(paths.values())
+    return Export("TRC", list(paths.values()), info.steps, info.ids,
+                  f"{info.steps} steps of {len(names)} markers at {rate:.2f} Hz, metres, {up.upper()} up")
 
 
-def write_csv(world_jsonl: str | Path, path: str | Path) -> Path:
+def write_csv(world_jsonl: str | Path, path: str | Path) -> Export:
     """One row per step and person (see the module docstring)."""
     info = survey(world_jsonl)
     names = _names(info.num_keypoints)
     path = Path(path)
     part = path.with_name(path.name + ".part")
+    rows = 0
     with part.open("w", encoding="ascii", newline="\n") as out:
         out.write("step,time_s,person," + ",".join(f"{n}_x,{n}_y,{n}_z" for n in names) + "\n")
         for record in read_world(world_jsonl):
@@ -142,11 +171,14 @@ def write_csv(world_jsonl: str | Path, path: str | Path) -> Path:
             for person in record["persons"]:
                 values = ",".join(",".join(_xyz(point, "z")) for point in person["keypoints"])
                 out.write(f"{int(record['step'])},{time_s:.6f},{int(person['id'])},{values}\n")
+                rows += 1
     part.replace(path)
-    return path
+    return Export("CSV", [path], info.steps, info.ids,
+                  f"{rows} rows, one per step and person: {info.steps} steps, {len(info.ids)} persons; "
+                  f"x, y, z of {len(names)} keypoints in metres, as calibrated")
 
 
-def write_npz(world_jsonl: str | Path, path: str | Path) -> Path:
+def write_npz(world_jsonl: str | Path, path: str | Path) -> Export:
     """The arrays of the module docstring in one .npz (memory: steps x persons x keypoints x 3 floats)."""
     info = survey(world_jsonl)
     k, column = info.num_keypoints, {pid: i for i, pid in enumerate(info.ids)}
@@ -170,4 +202,6 @@ def write_npz(world_jsonl: str | Path, path: str | Path) -> Path:
         np.savez(out, xyz=xyz, valid=valid, error_px=error, views=views, ids=np.array(info.ids, np.int64),
                  time_s=time_s, step=step, names=np.array(_names(k)))
     path.with_name(path.name + ".part").replace(path)
-    return path
+    return Export("NumPy", [path], info.steps, info.ids,
+                  f"xyz of {info.steps} steps x {len(info.ids)} persons x {k} keypoints in metres, NaN where "
+                  "not valid")

@@ -22,15 +22,22 @@ class MocapFields:
     save_world: str | None = option(None, "write one JSON line per world step here (.jsonl; metres, world frame)")
     export_trc: str | None = option(None, "when the run ends, write the world skeletons as TRC (OpenSim, Pose2Sim) "
                                           "here: one file per person, {person} in the name or _P<id> added")
+    rescale_calibration: bool = option(False, "with --triangulate: a camera calibrated at another size than its "
+                                              "frames (a resize: the same aspect) has its calibration scaled to "
+                                              "them; without it, such a camera is refused")
     trc_up: str = option("y", "the TRC's up axis: y (OpenSim; the world's Z-up axes become Y-up) or z (as "
                               "calibrated)", choices=list(TRC_UP))
     world_window_ms: float = option(20.0, "with --triangulate: a camera's frame joins a step when its clock is "
                                           "within this of the step's median (ms)")
-    world_max_error_px: float = option(15.0, "with --triangulate: a view whose reprojection error is over this "
-                                             "(pixels) is left out of the point")
+    world_max_error_px: float = option(15.0, "with --triangulate: a view that reprojects farther than this "
+                                             "(pixels) from the point of its views, or of the others alone, "
+                                             "disagrees and is left out of the point")
     world_max_epipolar_px: float = option(25.0, "with --triangulate: two views' persons are one person only when "
                                                 "their keypoints' mean epipolar distance is under this (pixels)")
     world_min_views: int = option(2, "with --triangulate: views a world point needs (2 or more)")
+    world_min_angle_deg: float = option(15.0, "with --triangulate: two of a world point's views must see it from "
+                                              "directions this far apart (degrees); cameras facing each other, "
+                                              "or side by side far away, cannot place it along their rays")
     world_smooth: bool = option(False, "with --triangulate: One-Euro smoothing of the world points per person "
                                        "(cutoff --smooth-min-cutoff)")
     world_smooth_beta: float = option(1.0, "One-Euro speed coefficient of the world points (Hz per m/s)")
@@ -55,5 +62,7 @@ class MocapFields:
         if self.world_min_views < 2:
             raise ConfigError(f"world_min_views: must be at least 2 (one view has no depth), got "
                               f"{self.world_min_views}")
+        if not 0 <= self.world_min_angle_deg < 90:
+            raise ConfigError(f"world_min_angle_deg: must be within 0 and 90, got {self.world_min_angle_deg}")
         if self.world_smooth_beta < 0:
             raise ConfigError(f"world_smooth_beta: must be at least 0, got {self.world_smooth_beta}")

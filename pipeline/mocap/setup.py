@@ -1,14 +1,17 @@
-"""A run's motion capture from its config: the checks before anything loads, the world step and
-the world sinks (``--save-world``, ``--export-trc``)."""
+"""A run's motion capture from its config: the checks before anything loads (the rig file against
+the sources' names, then against their frame sizes once they open), the world step and the world
+sinks (``--save-world``, ``--export-trc``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 
 from stages.errors import ConfigError
 from stages.mocap.associate import Association
-from stages.mocap.camera import CalibrationError, Rig, read_rig
+from stages.mocap.camera import CalibrationError, Rig, read_rig, same_aspect
 from stages.mocap.fuse import Fusion, WorldFrame, WorldFuser
 from stages.mocap.triangulate import Triangulation
 from stages.types import FrameResult, StreamInfo
@@ -43,11 +46,37 @@ def check_rig(cfg: MocapFields, specs: list[SourceSpec]) -> Rig | None:
     return rig
 
 
+def rig_for_frames(rig: Rig, sizes: Mapping[str, tuple[int, int]], rescale: bool, frames: str,
+                   calibration: str | Path) -> Rig:
+    """The rig for frames of ``sizes`` (camera -> (width, height); cameras without one are kept): a
+    camera calibrated at another size is refused (ConfigError, one line naming the camera and both
+    sizes), or with ``rescale`` scaled to a same-aspect size (``Camera.rescaled``; another aspect is
+    always refused). ``frames`` says whose frames they are (e.g. "its frames")."""
+    cameras = dict(rig.cameras)
+    for name, size in sizes.items():
+        camera = cameras.get(name)
+        if camera is None or tuple(size) == camera.size:
+            continue
+        (w0, h0), (w1, h1) = camera.size, size
+        if not same_aspect(camera.size, size):
+            raise ConfigError(f"{calibration}: camera {name!r} was calibrated at {w0}x{h0} but {frames} are {w1}x{h1}, "
+                              f"another aspect (a crop or another sensor mode) that no scaling fixes; calibrate "
+                              f"it at {w1}x{h1}")
+        if not rescale:
+            raise ConfigError(f"{calibration}: camera {name!r} was calibrated at {w0}x{h0} but {frames} are {w1}x{h1}; "
+                              f"calibrate it at {w1}x{h1}, or pass --rescale-calibration to scale its calibration "
+                              "to the resized frames")
+        cameras[name] = camera.rescaled(size)
+        log.info("%s: camera %s calibrated at %dx%d, scaled to its frames' %dx%d", calibration, name, w0, h0, w1, h1)
+    return dataclasses.replace(rig, cameras=cameras)
+
+
 def fusion_of(cfg: MocapFields, kpt_threshold: float, smooth_min_cutoff: float) -> Fusion:
     """The fusion settings of a run."""
     return Fusion(window_s=cfg.world_window_ms / 1000.0,
                   association=Association(kpt_threshold, cfg.world_max_epipolar_px),
-                  triangulation=Triangulation(kpt_threshold, cfg.world_max_error_px, cfg.world_min_views),
+                  triangulation=Triangulation(kpt_threshold, cfg.world_max_error_px, cfg.world_min_views,
+                                              cfg.world_min_angle_deg),
                   smooth=(smooth_min_cutoff, cfg.world_smooth_beta) if cfg.world_smooth else None)
 
 
@@ -62,7 +91,7 @@ class TrcExport:
         self.source = Path(world_jsonl) if world_jsonl else self.path.with_name(self.path.name + ".world.jsonl.part")
         self._spool = WorldWriter(self.source) if self._own else None
         self.steps = 0
-        self.written: list[Path] = []
+        self.written: list[Path] = []  # the TRC files, once closed
         self.camera_rate: float | None = None  # the cameras' nominal fps (the TRC's CameraRate)
 
     def open(self, info: StreamInfo) -> None:
@@ -81,18 +110,26 @@ class TrcExport:
             self._spool.close()
         try:
             if self.steps and self.source.exists():
-                self.written = write_trc(self.source, self.path, self.up, camera_rate=self.camera_rate)
-                for path in self.written:
-                    log.info("wrote %s (%d steps)", path, self.steps)
+                export = write_trc(self.source, self.path, self.up, camera_rate=self.camera_rate)
+                self.written = export.paths
+                for line in export.wrote():
+                    log.info("%s", line)
+                if export.warning():
+                    log.warning("--export-trc %s: %s", self.path, export.warning())
+            else:
+                log.warning("--export-trc %s: no world step was fused: no TRC written", self.path)
         finally:
             if self._own:
                 self.source.unlink(missing_ok=True)
 
 
-def world_setup(cfg, rig: Rig | None) -> tuple[WorldStep | None, list]:
-    """The world step and the world sinks of a run (none without --triangulate)."""
+def world_setup(cfg, rig: Rig | None, sources: list) -> tuple[WorldStep | None, list]:
+    """The world step and the world sinks of a run (none without --triangulate), the rig fitted to the
+    frame sizes of the opened ``sources`` (``rig_for_frames``)."""
     if rig is None:
         return None, []
+    sizes = {s.info.source_id: (s.info.width, s.info.height) for s in sources}
+    rig = rig_for_frames(rig, sizes, cfg.rescale_calibration, "its frames", cfg.calibration)
     step = WorldStep(WorldFuser(rig, fusion_of(cfg, cfg.kpt_threshold, cfg.smooth_min_cutoff)))
     sinks: list = []
     if cfg.save_world:

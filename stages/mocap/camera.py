@@ -136,9 +136,27 @@ class Camera:
             out = cv2.undistortPoints(flat, self.matrix, self.dist, None, None, None, (cv2.TERM_CRITERIA_COUNT, 10, 0))
         return out.reshape(pixels.shape)
 
+    def rescaled(self, size: tuple[int, int]) -> Camera:
+        """The same camera for its frames resized to ``size`` (width, height): the matrix scaled per
+        axis about the pixel centres (x' = (x + 0.5) s - 0.5, as a resize maps them); the distortion
+        (of normalised coordinates) and the pose are unchanged. Only a resize of the whole frame is
+        this: a crop or another sensor mode (another aspect) is not (``same_aspect``)."""
+        sx, sy = size[0] / self.size[0], size[1] / self.size[1]
+        k = self.matrix.copy()
+        k[0, 0], k[0, 1], k[0, 2] = k[0, 0] * sx, k[0, 1] * sx, (k[0, 2] + 0.5) * sx - 0.5
+        k[1, 1], k[1, 2] = k[1, 1] * sy, (k[1, 2] + 0.5) * sy - 0.5
+        return Camera(self.name, (int(size[0]), int(size[1])), k, self.dist, self.rvec, self.tvec, self.fisheye)
+
     def with_pose(self, rvec: np.ndarray, tvec: np.ndarray) -> Camera:
         """The same intrinsics at another pose."""
         return Camera(self.name, self.size, self.matrix, self.dist, rvec, tvec, self.fisheye)
+
+
+def same_aspect(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    """Whether frames of size ``b`` (width, height) can be a resize of frames of size ``a``: each side
+    within a pixel of the other scaled by the same factor (1280x720 and 854x480 are; 640x480 is not)."""
+    (wa, ha), (wb, hb) = a, b
+    return abs(wb - wa * hb / ha) <= 1 or abs(hb - ha * wb / wa) <= 1
 
 
 class UndistortGrid:
@@ -241,8 +259,25 @@ class CameraSet:
 
     def project(self, points: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """World points (N, 3) -> pixels (N, C, 2) in every camera and in_front (N, C)."""
-        n, c = len(points), len(self.cameras)
-        cam = (self.rotations @ points.T + self.translations).reshape(c, 3, n)  # (C, 3, N)
+        u, v, front = self.project_rows(points.T)
+        return np.stack([u.T, v.T], axis=-1), np.ascontiguousarray(front.T)
+
+    def project_rows(self, points: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """World points (3, N) -> u, v and in_front (C, N) in every camera: one row per camera."""
+        n, c = points.shape[1], len(self.cameras)
+        cam = (self.rotations @ points + self.translations).reshape(c, 3, n)  # (C, 3, N)
+        return self._pixels(cam, np.broadcast_to(points, (c, 3, n)))
+
+    def project_each(self, points: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Points (C, 3, N), row c for camera c only (e.g. each view's point as the other views place
+        it) -> u, v and in_front (C, N) in that camera, and the points in its coordinates (C, 3, N)."""
+        c = len(self.cameras)
+        cam = self.rotations.reshape(c, 3, 3) @ points + self.translations.reshape(c, 3, 1)  # (C, 3, N)
+        return (*self._pixels(cam, points), cam)
+
+    def _pixels(self, cam: np.ndarray, points: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Camera coordinates (C, 3, N) of world points (C, 3, N) -> u, v and in_front (C, N): the
+        batched cameras' distortion and matrix over whole rows, the others' one by one."""
         z = cam[:, 2]
         front = z > 1e-9
         inverse = 1.0 / np.where(front, z, 1.0)
@@ -254,14 +289,12 @@ class CameraSet:
         xd = x * radial + p1 * xy2 + p2 * (r2 + 2 * x * x)
         yd = y * radial + p1 * (r2 + 2 * y * y) + p2 * xy2
         fx, s, cx, fy, cy = self.k
-        out = np.empty((n, c, 2))
-        out[..., 0] = (fx * xd + s * yd + cx).T
-        out[..., 1] = (fy * yd + cy).T
-        front = np.ascontiguousarray(front.T)  # (N, C)
+        u, v = fx * xd + s * yd + cx, fy * yd + cy
         for i, camera in enumerate(self.cameras):
             if i not in self.batched:
-                out[:, i], front[:, i] = camera.project(points)
-        return out, front
+                pixels, front[i] = camera.project(points[i].T)
+                u[i], v[i] = pixels[:, 0], pixels[:, 1]
+        return u, v, front
 
 
 @dataclass(frozen=True)

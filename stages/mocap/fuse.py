@@ -7,9 +7,10 @@ detections and keypoints) and:
    left out of this step, not mixed in);
 2. undistorts every keypoint (a lookup table per camera, camera.UndistortGrid) and associates the
    persons across views (stages.mocap.associate);
-3. triangulates each world person (stages.mocap.triangulate); a view that the per-point
-   rejection threw out for most of a person's points is not that person at all (a wrong
-   detection that happened to pass the epipolar test): it leaves the person, who is solved again;
+3. triangulates each world person (stages.mocap.triangulate: per point, the views that agree); a
+   view that the other views outvoted on most of a person's points is not that person at all (a
+   wrong detection that happened to pass the epipolar test): it leaves the person, who is solved
+   again;
 4. keeps world ids over time: a world person takes the id of the last step's person that shares
    the most camera tracks with it, else of the nearest one within ``max_speed_mps`` of travel;
 5. smooths each world person's points with the One-Euro filter when asked (invalid points never

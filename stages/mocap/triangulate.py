@@ -1,19 +1,35 @@
-"""Robust weighted triangulation of many keypoints of many persons from calibrated views.
+"""Triangulation by consensus: many keypoints of many persons from calibrated views.
 
-Every point is solved the same way, all at once (numpy, no loop over points):
+Every point is solved the same way, all points at once (numpy, no loop over points):
 
-1. Weighted linear triangulation (DLT) in normalised image coordinates (the views' pixels
-   undistorted with their calibration): each view c with weight w_c (its keypoint score, 0 when
-   the score is under the threshold or the camera does not see the person) adds the equations
-   w_c (x P3 - P1) X = 0 and w_c (y P3 - P2) X = 0 of its extrinsic P = [R | t]; every point's
-   normal equations come from one matrix product and are solved in closed form, all at once.
-2. Each view's reprojection error in pixels (through its distortion and matrix: the error is in
-   the pixels the detector saw). While a point has three or more views and its worst view's error
-   is over ``max_error_px``, that view is dropped and the point solved again: one wrong detection
-   (a swapped side, a keypoint on another person) cannot drag the point away.
-3. A point is valid when at least ``min_views`` views remain, every one of them under
-   ``max_error_px`` and in front of its camera (z > 0). An invalid point is zeros with
-   valid=False, error 0 and views 0: nothing made up, nothing non-finite.
+1. Weighted linear triangulation (``stages.mocap.dlt``) in normalised image coordinates (the
+   views' pixels undistorted with their calibration), each view weighted by its keypoint score (0
+   under ``min_score`` or where the camera does not see the person). Each view's part of the normal
+   equations is made once; any set of views is solved by adding their parts.
+2. A view agrees with a set's point when it reprojects within ``max_error_px`` of what it saw (in
+   its pixels, through its distortion), in front of it, both from the point of the whole set and
+   from the point of the set's other views (its left-out error, less what the others' own noise
+   and geometry explain: two cameras facing each other hardly see depth along their axis). A wrong
+   view pulls the point of all views toward itself and can hide under the threshold; it cannot
+   pull the point of the others.
+3. A point whose views all agree with the point of all of them is solved. Any other point takes the
+   views that agree most: each pair of its views that sees the point from directions at least
+   ``min_angle_deg`` apart proposes the pair's point; the views that agree with it are its
+   consensus; the largest consensus wins (ties: the lowest RMS error), solved with the scores as
+   weights; while one of its views disagrees, the view to blame is dropped (of four or more, the
+   one without which the rest agree best; of three, the one the other two place the most
+   unexpectedly far) and the rest solved again; views that agree with the result join it.
+4. A view that the others outvote on more than ``suspect_share`` of a person's points is suspect
+   for that person: its other points are solved again with it counting for no consensus, never one
+   of a pair, and agreeing only where the other views place the point on their own and it lands
+   within the threshold as it is (a point where it does so already is left as it is). Two views always agree with each other: a point that rests on a
+   suspect view and one other is invalid.
+5. A point is valid when at least ``min_views`` views remain, every one of them agreeing, and two
+   of them see it from directions at least ``min_angle_deg`` apart (two cameras facing each other,
+   or side by side far from the point, cannot say how far along their rays it is). An invalid
+   point is zeros with valid=False, error 0 and views 0: nothing made up, nothing non-finite.
+
+The detectors' pixel noise that step 2 allows for is measured on the step itself (``noise_of``).
 """
 
 from __future__ import annotations
@@ -24,22 +40,32 @@ from dataclasses import dataclass
 import numpy as np
 
 from .camera import Camera, CameraSet
+from .dlt import inverse_form, normal_blocks, solve_normals, view_normals
 
 
 @dataclass(frozen=True)
 class Triangulation:
     """min_score: a view's keypoint counts from this score; max_error_px: a view over this
-    reprojection error is rejected; min_views: views a valid point needs (2 or more)."""
+    reprojection error does not agree; min_views: views a valid point needs (2 or more);
+    min_angle_deg: the widest angle between two of a valid point's views (and of a pair that
+    proposes a point); suspect_share: the share of a person's points on which the others may
+    outvote a view before it is suspect for that person."""
 
     min_score: float = 0.3
     max_error_px: float = 15.0
     min_views: int = 2
+    min_angle_deg: float = 15.0
+    suspect_share: float = 0.02
 
     def __post_init__(self) -> None:
         if self.min_views < 2:
             raise ValueError(f"min_views must be at least 2 (one view has no depth), got {self.min_views}")
         if not self.max_error_px > 0:
             raise ValueError(f"max_error_px must be positive, got {self.max_error_px}")
+        if not 0 <= self.min_angle_deg < 90:
+            raise ValueError(f"min_angle_deg must be within 0 and 90, got {self.min_angle_deg}")
+        if not 0 <= self.suspect_share <= 1:
+            raise ValueError(f"suspect_share must be within 0 and 1, got {self.suspect_share}")
 
 
 @dataclass
@@ -55,65 +81,199 @@ class Points3D:
     used: np.ndarray
 
 
-# OpenBLAS runs a GEMM of m x n x k over 262,144 on every core (interface/gemm.c): for products this
-# small the other threads spin more than they help (8 persons x 8 cameras: twice the CPU time for the
-# same wall time), and the cores belong to the pipeline. The product is made in chunks under that size.
-_ONE_THREAD_MNK = 262_144
-_NORMAL = [0, 1, 2, 5, 6, 10, 3, 7, 11]  # of a row-major 4x4 normal matrix: m00 m01 m02 m11 m12 m22 m03 m13 m23
+def noise_of(errors: np.ndarray, used: np.ndarray, max_error_px: float) -> float:
+    """The detectors' pixel noise as a step's points show it: the median, over the points of three
+    or more views all within ``max_error_px``, of their squared errors' sum per degree of freedom
+    (two per view, less three); errors and used (C, N). ``max_error_px`` / 10 when no point has such
+    views; at least 0.1 px."""
+    count = used.sum(axis=0)
+    squares = np.where(used, errors * errors, 0.0)  # (C, N)
+    clean = (count >= 3) & (squares.max(axis=0) <= max_error_px ** 2)
+    if not clean.any():
+        return max_error_px / 10
+    return max(float(np.sqrt(np.median(squares.sum(axis=0)[clean] / (2 * count[clean] - 3)))), 0.1)
 
 
-def normal_blocks(extrinsics: np.ndarray) -> np.ndarray:
-    """The constant part of every view's normal equations, (9, 4C): the entries of the symmetric
-    4x4 matrices that the 3x3 solve reads (see ``solve_dlt``)."""
-    blocks = []
-    for e in extrinsics:  # e: (3, 4) = [R | t]; rows r1, r2, r3
-        r1, r2, r3 = e
-        blocks += [np.outer(r3, r3), -(np.outer(r3, r1) + np.outer(r1, r3)), -(np.outer(r3, r2) + np.outer(r2, r3)),
-                   np.outer(r1, r1) + np.outer(r2, r2)]
-    c = len(extrinsics)
-    full = np.stack(blocks).reshape(c, 4, 16).transpose(1, 0, 2).reshape(4 * c, 16)
-    return np.ascontiguousarray(full[:, _NORMAL].T)
+@dataclass
+class _Fit:
+    """Sets of views, their points and how each view agrees (``_Solver.fit``); (C, N) arrays are one
+    row per view."""
+
+    chosen: np.ndarray  # (C, N) the views of each set
+    xyz: np.ndarray  # (3, N)
+    solvable: np.ndarray  # (N,)
+    errors: np.ndarray  # (C, N) px against the set's point
+    front: np.ndarray  # (C, N)
+    surprise: np.ndarray | None  # (C, N) a view's left-out error squared over its expected square
+    without: np.ndarray  # (C, 3, N) the point of the set's views other than each
+    agree: np.ndarray  # (C, N) the views of the set that agree
+    sure: np.ndarray  # (C, N) the views of the set that the others place within the threshold as it is
+
+    def put(self, rows: np.ndarray, part: _Fit) -> None:
+        """Take ``part``'s sets for the points ``rows``."""
+        for name in ("chosen", "xyz", "errors", "front", "agree", "sure"):
+            getattr(self, name)[:, rows] = getattr(part, name)
+        self.solvable[rows] = part.solvable
 
 
-def solve_dlt(blocks: np.ndarray, normalised: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Weighted linear triangulation. blocks: ``normal_blocks`` of the C views; normalised (N, C, 2);
-    weights (N, C) -> points (N, 3) and whether each system was solvable (N,).
+class _Solver:
+    """One call's points, one column each: their views' normal equations (9, C, N), pixels u, v,
+    weights and what the views offer (C, N)."""
 
-    Each view gives two equations (x P3 - P1) . [X, 1] = 0 and (y P3 - P2) . [X, 1] = 0, scaled by
-    its weight w. Their normal matrix sum_c w^2 [(x r3 - r1)(x r3 - r1)^T + (y r3 - r2)(y r3 - r2)^T]
-    is, per view, w^2 (x^2 + y^2) r3 r3^T - w^2 x (r3 r1^T + r1 r3^T) - w^2 y (r3 r2^T + r2 r3^T)
-    + w^2 (r1 r1^T + r2 r2^T): four constant 4x4 matrices weighted by four numbers per point, so the
-    entries every point's solve needs are a GEMM of (9, 4C) by (4C, N) (in chunks that OpenBLAS runs
-    on one thread), one contiguous row per entry. Its 3x3 system is solved in closed form (the
-    adjugate): no per-point LAPACK call."""
-    w2 = weights * weights  # (N, C)
-    x, y = normalised[..., 0], normalised[..., 1]  # (N, C)
-    coefficients = np.concatenate([w2 * (x * x + y * y), w2 * x, w2 * y, w2], axis=1)  # (N, 4C)
-    m = np.empty((len(blocks), len(coefficients)))
-    step = max(1, _ONE_THREAD_MNK // (blocks.size or 1))
-    for start in range(0, len(coefficients), step):
-        np.matmul(blocks, coefficients[start:start + step].T, out=m[:, start:start + step])
-    m00, m01, m02, m11, m12, m22, m03, m13, m23 = m  # (N,) each
-    # the adjugate of the symmetric 3x3 part; the right-hand side is -(m03, m13, m23)
-    c00, c01, c02 = m11 * m22 - m12 * m12, m02 * m12 - m01 * m22, m01 * m12 - m02 * m11
-    c11, c12, c22 = m00 * m22 - m02 * m02, m01 * m02 - m00 * m12, m00 * m11 - m01 * m01
-    det = m00 * c00 + m01 * c01 + m02 * c02
-    scale = m00 + m11 + m22  # singular relative to the system's own size (trace^3)
-    ok = np.abs(det) > 1e-12 * scale ** 3
-    minus_inverse = np.where(ok, -1.0 / np.where(ok, det, 1.0), 0.0)
-    points = np.empty((len(det), 3))
-    points[:, 0] = (c00 * m03 + c01 * m13 + c02 * m23) * minus_inverse
-    points[:, 1] = (c01 * m03 + c11 * m13 + c12 * m23) * minus_inverse
-    points[:, 2] = (c02 * m03 + c12 * m13 + c22 * m23) * minus_inverse
-    return points, ok
+    def __init__(self, views: CameraSet, parts: np.ndarray, weights: np.ndarray, u: np.ndarray, v: np.ndarray,
+                 offered: np.ndarray, spec: Triangulation) -> None:
+        self.views, self.parts, self.weights, self.u, self.v, self.offered, self.spec = \
+            views, parts, weights, u, v, offered, spec
+        self.noise = spec.max_error_px / 10
+        self.centres = views.cached("centres", lambda: np.stack([c.centre for c in views.cameras]).T[:, :, None])
+        self.rotations = views.rotations.reshape(-1, 3, 3)[:, :, :, None]  # (C, 3, 3, 1): rows r1, r2, r3
+        self.min_sine = float(np.sin(np.radians(spec.min_angle_deg)))
 
+    def errors(self, xyz: np.ndarray, rows: np.ndarray | slice) -> tuple[np.ndarray, np.ndarray]:
+        """Points (3, N) of the points ``rows`` -> each view's pixel error and in_front (C, N)."""
+        u, v, front = self.views.project_rows(xyz)
+        du, dv = u - self.u[:, rows], v - self.v[:, rows]
+        return np.sqrt(du * du + dv * dv), front
 
-def reprojection_errors(cameras: CameraSet, xyz: np.ndarray, pixels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Pixel distance between each view's observation (N, C, 2) and the point (N, 3) projected into
-    it -> errors (N, C) and in_front (N, C)."""
-    projected, front = cameras.project(xyz)  # (N, C, 2), (N, C)
-    d = projected - pixels
-    return np.sqrt(d[..., 0] ** 2 + d[..., 1] ** 2), front
+    def fit(self, chosen: np.ndarray, rows: np.ndarray | slice = slice(None), strict: np.ndarray | None = None,
+            first: bool = False) -> _Fit:
+        """The point of each set ``chosen`` (C, N) of the points ``rows`` and how its views agree with
+        it (module docstring, step 2); ``strict`` (C, N): the suspect views (step 4). ``first``: the
+        sets are what the views offer, and the step's noise is measured on their errors."""
+        parts, spec = self.parts[:, :, rows], self.spec
+        inside = parts if first else np.where(chosen, parts, 0.0)  # (9, C, N)
+        total = inside.sum(axis=1)  # (9, N)
+        xyz, solvable = solve_normals(total)  # (3, N), (N,)
+        errors, front = self.errors(xyz, rows)
+        if first:
+            self.noise = noise_of(errors, chosen, spec.max_error_px)
+        # each view left out: nine (C, N) entries (a (9, C, N) array, 355 kB at 4 x 4, would be given back
+        # to the system and faulted in again at every step, as ``_scratch`` says)
+        left = [total[i] - inside[i] for i in range(9)]
+        others, ok = solve_normals(left)  # (3, C, N), (C, N)
+        others = others.swapaxes(0, 1)  # (C, 3, N)
+        u, v, front_out, cam = self.views.project_each(others)
+        du, dv = u - self.u[:, rows], v - self.v[:, rows]
+        squared = du * du + dv * dv  # (C, N)
+        checked = chosen & ok & (chosen.sum(axis=0) >= 3)
+        limit = spec.max_error_px ** 2
+        # What the others' own noise explains: their point's covariance is noise^2 w^2 (z / f)^2 A^-1
+        # (A the 3x3 part of their normal equations, w^2 their mean squared score, z / f taken alike
+        # for the views), so its projection into the view spreads by noise^2 w^2 (j1 A^-1 j1^T +
+        # j2 A^-1 j2^T) squared pixels, j1 and j2 the rows r1 - x r3, r2 - y r3 of the view's rotation
+        # at the point's normalised coordinates (x, y): the Jacobian of its projection. Needed only
+        # where a view is over the threshold, and to choose which view to drop (not ``first``).
+        expected = np.zeros(squared.shape)
+        need = checked & (squared > limit) if first else checked
+        if need.any():
+            at = np.nonzero(need)
+            inverse_z = 1.0 / np.where(cam[:, 2][at] > 1e-9, cam[:, 2][at], 1.0)
+            x, y = cam[:, 0][at] * inverse_z, cam[:, 1][at] * inverse_z
+            r = self.rotations[at[0], :, :, 0]  # (M, 3, 3)
+            j1 = tuple(r[:, 0, i] - x * r[:, 2, i] for i in range(3))
+            j2 = tuple(r[:, 1, i] - y * r[:, 2, i] for i in range(3))
+            w2 = np.where(chosen, self.weights[:, rows] ** 2, 0.0)  # (C, N)
+            rest, rest4 = w2.sum(axis=0) - w2, np.sum(w2 * w2, axis=0) - w2 * w2
+            mean_w2 = rest4[at] / np.where(rest[at] > 0, rest[at], 1.0)
+            expected[at] = self.noise ** 2 * mean_w2 * inverse_form([entry[at] for entry in left], [j1, j2])
+        allowed = 9 * expected if strict is None else np.where(strict, 0.0, 9 * expected)  # three deviations
+        left_ok = ~checked | (front_out & (squared - allowed <= limit))
+        if strict is not None:  # checked by others that place the point on their own, or out
+            alone = self.widest(xyz, chosen, without=True) < self.min_sine
+            left_ok &= ~(chosen & strict & (~checked | alone))
+        agree = chosen & front & (errors <= spec.max_error_px) & left_ok & solvable
+        surprise = None
+        if not first:
+            surprise = np.where(checked, squared / (expected + self.noise ** 2), errors * errors / self.noise ** 2)
+            surprise = np.where(front_out | ~checked, surprise, np.inf)
+        sure = agree & checked & front_out & (squared <= limit)
+        return _Fit(chosen.copy(), xyz, solvable, errors, front, surprise, others, agree, sure)
+
+    def widest(self, xyz: np.ndarray, used: np.ndarray, without: bool = False) -> np.ndarray:
+        """(N,) the sine of the widest angle between two used views' rays to the points (3, N) (0
+        without two); ``without``: (C, N) the same without each view."""
+        x, y, z = (xyz[i] - self.centres[i] for i in range(3))  # (C, N) each: the rays
+        length2 = x * x + y * y + z * z
+        qa, qb = np.triu_indices(len(length2), 1)
+        dot = x[qa] * x[qb] + y[qa] * y[qb] + z[qa] * z[qb]  # (Q, N)
+        sine2 = 1.0 - dot * dot / np.maximum(length2[qa] * length2[qb], 1e-24)
+        sine2 = np.where(used[qa] & used[qb], sine2, 0.0)
+        if without:
+            sine2 = np.stack([np.max(sine2[(qa != c) & (qb != c)], axis=0, initial=0.0) for c in range(len(length2))])
+        else:
+            sine2 = np.max(sine2, axis=0, initial=0.0)
+        return np.sqrt(np.maximum(sine2, 0.0))
+
+    def valid(self, fit: _Fit, angle: bool = True) -> np.ndarray:
+        """(N,) points of enough views, every one agreeing, two of them ``min_angle_deg`` apart."""
+        count = fit.chosen.sum(axis=0)
+        valid = (count >= self.spec.min_views) & ~np.any(fit.chosen & ~fit.agree, axis=0) & fit.solvable
+        if angle:
+            valid &= self.widest(fit.xyz, fit.chosen) >= self.min_sine
+        return valid
+
+    def consensus(self, rows: np.ndarray, suspect: np.ndarray | None = None) -> _Fit:
+        """The views that agree most on each of the points ``rows`` (module docstring, step 3; with
+        ``suspect`` (C, N), step 4)."""
+        offered, spec = self.offered[:, rows], self.spec
+        strict = None if suspect is None else suspect[:, rows]
+        c, t = offered.shape
+        pairable = offered if strict is None else offered & ~strict
+        qa, qb = np.triu_indices(c, 1)  # (Q,) each: the pairs of views
+        q, point = np.nonzero(pairable[qa] & pairable[qb])  # (R,) each: a pair and a point it proposes for
+        a, b = qa[q], qb[q]
+        candidate, ok = solve_normals(self.parts[:, a, rows[point]] + self.parts[:, b, rows[point]])  # (3, R), (R,)
+        err, front = self.errors(candidate, rows[point])  # (C, R)
+        ray_a, ray_b = candidate - self.centres[:, a, 0], candidate - self.centres[:, b, 0]  # (3, R)
+        dot = np.sum(ray_a * ray_b, axis=0)
+        ok &= dot * dot <= (1.0 - self.min_sine ** 2) * np.sum(ray_a ** 2, axis=0) * np.sum(ray_b ** 2, axis=0)
+        inliers = offered[:, point] & front & (err <= spec.max_error_px) & ok  # (C, R)
+        n = inliers.sum(axis=0)
+        rms = np.sqrt(np.sum(np.where(inliers, err * err, 0.0), axis=0) / np.maximum(n, 1))
+        if strict is not None:
+            n = n - (inliers & strict[:, point]).sum(axis=0)  # a suspect view that agrees does not vote
+        order = np.lexsort((rms, -n, point))  # each point's best candidate first: the most views, the lowest error
+        first = np.ones(len(order), bool)
+        first[1:] = point[order][1:] != point[order][:-1]
+        best = order[first]
+        chosen = np.zeros((c, t), bool)
+        chosen[:, point[best]] = inliers[:, best]
+        dropped = np.zeros((c, t), bool)
+        for round_ in range(2 * c + 1):  # each round drops one view of some points, or lets agreeing views join
+            fit = self.fit(chosen, rows, strict)
+            if round_ == 2 * c:
+                break
+            size = chosen.sum(axis=0)
+            drop = np.flatnonzero(np.any(chosen & ~fit.agree, axis=0) & (size > 2))
+            if drop.size:
+                worst = self._worst(fit, rows, drop)
+                chosen[worst, drop] = False
+                dropped[worst, drop] = True
+                continue
+            join = offered & ~chosen & ~dropped & fit.front & (fit.errors <= spec.max_error_px) & fit.solvable & \
+                (size >= 2)
+            if strict is not None:
+                join &= ~strict
+            if not join.any():
+                break
+            chosen |= join
+        return fit
+
+    def _worst(self, fit: _Fit, rows: np.ndarray, drop: np.ndarray) -> np.ndarray:
+        """The view to drop from each set ``drop`` (indices into ``rows``): of four or more views, the
+        one without which the others agree best (the least sum of squared errors against their own
+        point); of three, the one the other two place the most unexpectedly far (removing any one of
+        three leaves a pair, and a pair always agrees)."""
+        sets = fit.chosen[:, drop]  # (C, D)
+        rest = np.empty(sets.shape)
+        for c in range(len(sets)):  # the point of the views other than c, in every camera
+            err, front = self.errors(fit.without[c][:, drop], rows[drop])  # (C, D)
+            others = sets.copy()
+            others[c] = False
+            rest[c] = np.sum(np.where(others, np.where(front, err, np.inf) ** 2, 0.0), axis=0)
+        surprise = np.where(fit.front[:, drop], fit.surprise[:, drop], np.inf)
+        badness = np.where(sets.sum(axis=0) >= 4, -rest, surprise)
+        return np.argmax(np.where(sets, badness, -np.inf), axis=0)
 
 
 def triangulate(cameras: Sequence[Camera] | CameraSet, pixels: np.ndarray, scores: np.ndarray,
@@ -126,42 +286,66 @@ def triangulate(cameras: Sequence[Camera] | CameraSet, pixels: np.ndarray, score
     """
     views = cameras if isinstance(cameras, CameraSet) else CameraSet(cameras)
     p, c, k = scores.shape
-    # One row per point: (P, C, K, ...) -> (P*K, C, ...)
-    pix = np.moveaxis(pixels, 1, 2).reshape(p * k, c, 2)
-    nrm = np.moveaxis(normalised, 1, 2).reshape(p * k, c, 2)
-    score = np.moveaxis(scores, 1, 2).reshape(p * k, c)
+    # One column per point: (P, C, K, ...) -> (C, P*K, ...); one row per view
+    pix = np.moveaxis(pixels, 0, 1).reshape(c, p * k, 2)
+    nrm = np.moveaxis(normalised, 0, 1).reshape(c, p * k, 2)
+    score = np.moveaxis(scores, 0, 1).reshape(c, p * k)
     # one test of a sum for five: a sum is finite exactly when its terms are (float32 keypoints and
     # their undistortion cannot overflow a float64 sum), and reductions over an axis of 2 are slow
-    finite = np.isfinite(pix[..., 0] + pix[..., 1] + nrm[..., 0] + nrm[..., 1] + score)
-    used = finite & (score >= spec.min_score)  # (N, C)
-    pix = np.where(finite[..., None], pix, 0.0)
-    nrm = np.where(finite[..., None], nrm, 0.0)
-    weights = np.where(used, score, 0.0)
-    blocks = views.cached("normal_blocks", lambda: normal_blocks(np.stack([c.extrinsic for c in views.cameras])))
-    # Round one solves every point at once (whole arrays: no gather, no scatter); the points it leaves
-    # with a view to drop are solved again, a few at a time.
-    xyz, solvable = solve_dlt(blocks, nrm, weights)
-    errors, front = reprojection_errors(views, xyz, pix)
-    todo = np.flatnonzero(used.sum(axis=1) >= spec.min_views)  # the points worth solving
-    for round_ in range(max(1, c - spec.min_views + 1)):  # each round drops at most one view per point
-        if round_:
-            xyz[todo], solvable[todo] = solve_dlt(blocks, nrm[todo], weights[todo])
-            errors[todo], front[todo] = reprojection_errors(views, xyz[todo], pix[todo])
-        u = used[todo]
-        bad = u & ((errors[todo] > spec.max_error_px) | ~front[todo])  # (T, C)
-        droppable = bad.any(axis=1) & (u.sum(axis=1) > spec.min_views) & solvable[todo]
-        if not droppable.any():
-            break
-        todo = todo[droppable]
-        worst = np.argmax(np.where(used[todo], np.where(front[todo], errors[todo], np.inf), -1.0), axis=1)
-        used[todo, worst] = False  # the worst view of each such point
-        weights[todo, worst] = 0.0
-    count = used.sum(axis=1)
-    ok = used & front & (errors <= spec.max_error_px)
-    valid = (count >= spec.min_views) & (ok.sum(axis=1) == count) & solvable & np.isfinite(xyz).all(axis=-1)
-    rms = np.sqrt(np.sum(np.where(used, errors, 0.0) ** 2, axis=1) / np.maximum(count, 1))
-    xyz = np.where(valid[:, None], xyz, 0.0)
-    return Points3D(xyz.reshape(p, k, 3).astype(np.float32), valid.reshape(p, k),
-                    np.where(valid, rms, 0.0).reshape(p, k).astype(np.float32),
-                    np.where(valid, count, 0).reshape(p, k).astype(np.uint8),
-                    np.moveaxis((used & valid[:, None]).reshape(p, k, c), 2, 1))
+    u, v = pix[..., 0], pix[..., 1]  # (C, N)
+    finite = np.isfinite(u + v + nrm[..., 0] + nrm[..., 1] + score)
+    offered = finite & (score >= spec.min_score)  # (C, N)
+    u, v = np.where(finite, u, 0.0), np.where(finite, v, 0.0)
+    weights = np.where(offered, score, 0.0)
+    blocks = views.cached("view_blocks", lambda: normal_blocks(np.stack([c.extrinsic for c in views.cameras])))
+    parts = view_normals(blocks, np.where(finite, nrm[..., 0], 0.0), np.where(finite, nrm[..., 1], 0.0), weights,
+                         _scratch(views, p * k))  # (9, C, N)
+    solver = _Solver(views, parts, weights, u, v, offered, spec)
+    # Every point from all its views (whole arrays: no gather, no scatter); the points whose views do
+    # not all agree look for their consensus, a few at a time.
+    fit = solver.fit(offered, first=True)
+    count = offered.sum(axis=0)
+    todo = np.flatnonzero((count >= spec.min_views) & (np.any(offered & ~fit.agree, axis=0) | ~fit.solvable))
+    if todo.size:
+        fit.put(todo, solver.consensus(todo))
+    # Then the points of the views a person's other points caught wrong, with those views suspect.
+    suspect = _suspects(offered, fit.chosen, solver.valid(fit, angle=False), p, spec.suspect_share)  # (C, N)
+    # (not the points where such a view is left out already, nor where the others check it as they would)
+    doubt = suspect & fit.chosen & ~fit.sure
+    rows = np.flatnonzero((suspect & fit.sure).any(axis=0))
+    if rows.size:
+        alone = solver.widest(fit.xyz[:, rows], fit.chosen[:, rows], without=True) < solver.min_sine  # (C, R)
+        doubt[:, rows] |= suspect[:, rows] & fit.sure[:, rows] & alone
+    todo = np.flatnonzero(doubt.any(axis=0) & (count >= spec.min_views))
+    if todo.size:
+        fit.put(todo, solver.consensus(todo, suspect))
+    valid = solver.valid(fit)
+    used = fit.chosen & valid
+    count = used.sum(axis=0)
+    rms = np.sqrt(np.sum(np.where(used, fit.errors ** 2, 0.0), axis=0) / np.maximum(count, 1))
+    return Points3D(np.where(valid, fit.xyz, 0.0).T.reshape(p, k, 3).astype(np.float32), valid.reshape(p, k),
+                    rms.reshape(p, k).astype(np.float32), count.reshape(p, k).astype(np.uint8),
+                    used.reshape(c, p, k).swapaxes(0, 1))
+
+
+def _scratch(views: CameraSet, n: int) -> np.ndarray:
+    """A (9, C, n) array for the views' normal equations, kept with the CameraSet from step to step
+    (its capacity grows): a fresh one each step (355 kB at 4 persons x 4 cameras) made glibc give
+    its heap back to the system at the end of the step and fault it in again at the next, some 120
+    page faults a step. A CameraSet is one world step's, used by one thread."""
+    kept = views.cached("scratch", dict)
+    c = len(views.cameras)
+    if kept.get("array") is None or kept["array"].shape[2] < n:
+        kept["array"] = np.empty((9, c, max(n, 2 * (0 if kept.get("array") is None else kept["array"].shape[2]))))
+    return kept["array"][:, :, :n]
+
+
+def _suspects(offered: np.ndarray, used: np.ndarray, valid: np.ndarray, persons: int, share: float) -> np.ndarray:
+    """(C, N): the views a point is offered by that are suspect for its person: outvoted on more than
+    ``share`` of the person's valid points of three or more views (module docstring, step 4)."""
+    c, n = used.shape
+    k = n // max(persons, 1)
+    checkable = offered & (valid & (offered.sum(axis=0) >= 3))  # (C, N)
+    outvoted = (checkable & ~used).reshape(c, persons, k).sum(axis=2)  # (C, P)
+    suspect = outvoted > share * checkable.reshape(c, persons, k).sum(axis=2)
+    return offered & np.repeat(suspect, k, axis=1)

@@ -1,4 +1,4 @@
-"""Rendered ChArUco views through virtual cameras of KNOWN calibration and distortion (tests only).
+"""Rendered ChArUco views through virtual cameras of KNOWN calibration and distortion.
 
 Each output pixel is undistorted with the true camera, its ray intersected with the board plane at
 the board's true pose, and the board's picture sampled there (cv2.remap), 2x2 supersampled so the
@@ -139,7 +139,8 @@ def rig_cameras(size: tuple[int, int] = (640, 480)) -> list[Camera]:
     return cameras
 
 
-def _rotation(axis: tuple[float, float, float], degrees: float) -> np.ndarray:
+def rotation_about(axis: tuple[float, float, float], degrees: float) -> np.ndarray:
+    """The rotation (3, 3) of ``degrees`` about ``axis`` (a unit vector)."""
     return cv2.Rodrigues(np.asarray(axis, dtype=np.float64) * np.radians(degrees))[0]
 
 
@@ -154,8 +155,8 @@ def board_poses(board: Board, n: int, seed: int = 0) -> list[BoardPose]:
     poses = []
     for i in range(n):
         yaw = (70.0 if i % 8 == 3 else -70.0) if i % 4 == 3 else rng.uniform(-35, 35)
-        tilt = _rotation((0, 0, 1), yaw) @ _rotation((1, 0, 0), rng.uniform(-35, 35))
-        rotation = tilt @ facing @ _rotation((0, 0, 1), rng.uniform(-30, 30))  # last: about the board normal
+        tilt = rotation_about((0, 0, 1), yaw) @ rotation_about((1, 0, 0), rng.uniform(-35, 35))
+        rotation = tilt @ facing @ rotation_about((0, 0, 1), rng.uniform(-30, 30))  # last: about the board normal
         position = np.array([rng.uniform(-0.2, 0.2), rng.uniform(-0.3, 0.2), rng.uniform(0.85, 1.15)])
         poses.append(BoardPose(rotation, position - rotation @ centre))
     return poses
@@ -183,8 +184,8 @@ def _facing(normal: np.ndarray, rng: np.random.Generator, tilt_deg: float) -> np
     x = np.cross(z, [0.0, 0.0, 1.0])
     x /= np.linalg.norm(x)
     base = np.stack([x, np.cross(z, x), z], axis=1)
-    return (base @ _rotation((1, 0, 0), rng.uniform(-tilt_deg, tilt_deg))
-            @ _rotation((0, 1, 0), rng.uniform(-tilt_deg, tilt_deg)) @ _rotation((0, 0, 1), rng.uniform(-40, 40)))
+    return (base @ rotation_about((1, 0, 0), rng.uniform(-tilt_deg, tilt_deg))
+            @ rotation_about((0, 1, 0), rng.uniform(-tilt_deg, tilt_deg)) @ rotation_about((0, 0, 1), rng.uniform(-40, 40)))
 
 
 def fisheye_board_poses(board: Board, cameras: list[Camera], shared: int, per_camera: int,

@@ -1,5 +1,6 @@
-"""A synthetic motion-capture rig for tests and benchmarks: known cameras around a volume, known
-moving 308-keypoint skeletons, and what each camera sees of them (noise, misses, a wrong detection).
+"""A synthetic motion-capture rig for the tests, the benchmarks and the demo rig: known cameras
+around a volume, known moving 308-keypoint skeletons, and what each camera sees of them (noise,
+misses, a wrong detection).
 
 World frame: metres, Z up, the floor at Z = 0. Skeletons are made from the keypoint groups of the
 Sapiens2 metadata: the 15 body joints are placed by hand, feet, hands and face points sit around
@@ -115,3 +116,17 @@ def observe(rig: Rig, people: list[np.ndarray], rng: np.random.Generator, noise_
         kp = Keypoints(np.array(xy, np.float32).reshape(-1, k, 2), np.array(scores, np.float32).reshape(-1, k))
         out[name] = (det, kp)
     return out
+
+
+def throw_off(observed: dict[str, tuple[Detections, Keypoints]], camera: str, track: int, share: float,
+              px: float, rng: np.random.Generator) -> np.ndarray:
+    """Throw a ``share`` of the keypoints of person ``track`` in ``camera``'s view ``px`` pixels off
+    in random directions, their scores kept (a confused hand or face detection); returns which (M,)."""
+    det, kp = observed[camera]
+    row = int(np.flatnonzero(det.track_ids == track)[0])
+    thrown = rng.choice(kp.xy.shape[1], round(share * kp.xy.shape[1]), replace=False)
+    angle = rng.uniform(0, 2 * np.pi, len(thrown))
+    xy = kp.xy.copy()
+    xy[row, thrown] += px * np.stack([np.cos(angle), np.sin(angle)], axis=-1)
+    observed[camera] = (det, Keypoints(xy, kp.scores))
+    return thrown
