@@ -42,9 +42,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.harness import dump_json, load_average, machine_info, table, wait_quiet  # noqa: E402
-from pipeline.cli import build_parser  # noqa: E402
+from pipeline.cli.main import build_parser  # noqa: E402
 from pipeline.cluster.archive import SUMMARY, Item, batch_config, process_video  # noqa: E402
-from pipeline.stages_setup import build_stages  # noqa: E402
+from pipeline.run.build import build_stages  # noqa: E402
 from tests.cliutil import make_video  # noqa: E402
 
 CLI = [str(Path(sys.executable).parent / "sapiens2-stream")]

@@ -54,7 +54,7 @@ def environment(repo: Path, cache: Path) -> dict[str, str]:
 
 
 def cli(*args: object) -> list[str]:
-    return [sys.executable, "-m", "pipeline.cli", *map(str, args)]
+    return [sys.executable, "-m", "pipeline.cli.main", *map(str, args)]
 
 
 def lines_in(path: Path) -> int:

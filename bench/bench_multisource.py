@@ -34,9 +34,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipeline.engine import FrameEngine  # noqa: E402
-from pipeline.runner import Runner  # noqa: E402
-from pipeline.stages_setup import Stages  # noqa: E402
+from pipeline.run.build import Stages  # noqa: E402
+from pipeline.run.engine import FrameEngine  # noqa: E402
+from pipeline.run.runner import Runner  # noqa: E402
 from stages.device import resolve_device  # noqa: E402
 from stages.sapiens2 import load_model  # noqa: E402
 from stages.sapiens2.estimators import ESTIMATORS  # noqa: E402

@@ -55,18 +55,18 @@ from bench.harness import (  # noqa: E402
     table,
     wait_quiet,
 )
-from pipeline.engine import Clock, FrameEngine, FrameWork, Pending  # noqa: E402
-from pipeline.runner import Runner  # noqa: E402
+from pipeline.run.build import Stages  # noqa: E402
+from pipeline.run.engine import Clock, FrameEngine, FrameWork, Pending  # noqa: E402
+from pipeline.run.runner import Runner  # noqa: E402
 from pipeline.sinks.jsonl import result_to_record  # noqa: E402
 from pipeline.sinks.publisher import ZmqPublisher  # noqa: E402
 from pipeline.sinks.recorder import VideoRecorder  # noqa: E402
 from pipeline.sources import SourceEnded  # noqa: E402
 from pipeline.sources.readers import open_file  # noqa: E402
-from pipeline.stages_setup import Stages  # noqa: E402
 from stages.annotate import compose_annotators  # noqa: E402
+from stages.detector import FullFrameDetector  # noqa: E402
 from stages.device import resolve_device  # noqa: E402
 from stages.sapiens2.fastpath import FastPath  # noqa: E402
-from stages.detector import FullFrameDetector  # noqa: E402
 from stages.sapiens2.preprocess import to_device_image  # noqa: E402
 from stages.types import Detections, Frame, FrameResult, Keypoints, StreamInfo  # noqa: E402
 

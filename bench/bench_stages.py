@@ -45,8 +45,8 @@ from bench.harness import (  # noqa: E402
     table,
     wait_quiet,
 )
-from pipeline.engine import FrameEngine  # noqa: E402
-from pipeline.stages_setup import Stages  # noqa: E402
+from pipeline.run.build import Stages  # noqa: E402
+from pipeline.run.engine import FrameEngine  # noqa: E402
 from stages.device import resolve_device  # noqa: E402
 from stages.sapiens2.estimators import ESTIMATORS  # noqa: E402
 from stages.types import Detections, Frame  # noqa: E402

@@ -1,4 +1,4 @@
-"""Device benchmark phase of what a user runs: the real command, ``python -m pipeline.cli``, on the
+"""Device benchmark phase of what a user runs: the real command, ``python -m pipeline.cli.main``, on the
 embedded demo clip with the real-size checkpoints of the checkpoints phase, its keypoint messages
 read by a ZeroMQ subscriber in this process.
 
@@ -63,7 +63,7 @@ class _Receiver(threading.Thread):
 
 
 def _command(ctx: Ctx, tasks: str, detector: list[str], sources: int, extra: list[str], endpoint: str) -> list[str]:
-    argv = [sys.executable, "-m", "pipeline.cli", "--device", str(ctx.device), "--no-progress", "--tasks", tasks,
+    argv = [sys.executable, "-m", "pipeline.cli.main", "--device", str(ctx.device), "--no-progress", "--tasks", tasks,
             "--publish", endpoint, *detector, *extra]
     for task in tasks.split(","):
         argv += ["--checkpoint", f"{task}={ctx.ckpt(task)}"]

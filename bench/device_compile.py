@@ -13,7 +13,7 @@ import torch
 
 from bench.device_stream import person_boxes
 from bench.devicekit import Ctx, p50, p95
-from pipeline.fallback import DENSE_STREAMS
+from pipeline.run.fallback import DENSE_STREAMS
 from stages.sapiens2.weights import load_model
 
 
@@ -270,8 +270,8 @@ def _on(stream: Any) -> contextlib.AbstractContextManager:
 def phase_compile(ctx: Ctx) -> None:
     """The lanes with a compiled pose stage (compiled + CUDA graphs on its lane, as --compile runs it):
     whether the detector and seg still run beside it."""
-    from pipeline.engine import FrameEngine
-    from pipeline.stages_setup import Stages
+    from pipeline.run.build import Stages
+    from pipeline.run.engine import FrameEngine
     from stages.sapiens2.estimators import PoseEstimator, Segmenter
     from stages.sapiens2.fastpath import FastPath
 

@@ -39,9 +39,9 @@ class PerSource(Latency):
 
 
 def phase_sources(ctx: Ctx) -> None:
-    from pipeline.engine import FrameEngine
-    from pipeline.runner import Runner
-    from pipeline.stages_setup import Stages
+    from pipeline.run.build import Stages
+    from pipeline.run.engine import FrameEngine
+    from pipeline.run.runner import Runner
     from stages.sapiens2.estimators import PoseEstimator
 
     h, w = ctx.frame

@@ -110,12 +110,12 @@ PIPELINE_ROWS = ((1, True, True), (1, False, True), (2, True, True), (4, True, T
 
 
 def phase_pipeline(ctx: Ctx) -> None:
-    from pipeline.engine import FrameEngine
-    from pipeline.runner import Runner
+    from pipeline.run.build import Stages
+    from pipeline.run.engine import FrameEngine
+    from pipeline.run.runner import Runner
     from pipeline.sinks.publisher import ZmqPublisher
     from pipeline.sources import Source
     from pipeline.sources.demo import SyntheticCamera
-    from pipeline.stages_setup import Stages
     from sapiens2_client.subscriber import ReceiveTimeout, Subscriber
     from stages.sapiens2.estimators import PoseEstimator, Segmenter
 
@@ -236,8 +236,8 @@ def _pipeline_row(ctx, persons, overlap, pinned, yolo, pose, seg, FrameEngine, R
 def phase_syncs(ctx: Ctx) -> None:
     """Host synchronisations while the engine queues a frame (pose + seg): each one stalls the host
     until a stream drains, so the next frame cannot be queued and the stages stop overlapping."""
-    from pipeline.engine import FrameEngine
-    from pipeline.stages_setup import Stages
+    from pipeline.run.build import Stages
+    from pipeline.run.engine import FrameEngine
     from stages.sapiens2.estimators import PoseEstimator, Segmenter
     from stages.types import Frame
 

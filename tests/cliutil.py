@@ -24,7 +24,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
 _SCRIPT = Path(sys.executable).parent / "sapiens2-stream"
-CLI = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "pipeline.cli"]
+CLI = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "pipeline.cli.main"]
 RUN_TIMEOUT_S = 90.0  # one CLI run, worst case on a slow 2-core machine
 NUM_KEYPOINTS = 308
 # Flags that make a file run fully offline on tiny random checkpoints with the frame as the person.
@@ -80,7 +80,7 @@ def run_cli_on_terminal(args: list[str], env: dict[str, str], cwd: Path, timeout
 
 _CASES = r"""
 import json, os, sys, time, traceback
-from pipeline.cli import main
+from pipeline.cli.main import main
 results = {}
 for name, case in json.loads(open(sys.argv[1]).read()).items():
     os.chdir(case["cwd"])

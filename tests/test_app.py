@@ -8,8 +8,8 @@ import cv2
 import numpy as np
 import pytest
 
-from pipeline.app import _annotation_layers, matte_background
-from pipeline.config import ConfigError, load_config
+from pipeline.cli.config import ConfigError, load_config
+from pipeline.run.app import _annotation_layers, matte_background
 from stages.annotate import MatteAnnotator, SkeletonAnnotator
 
 
@@ -40,8 +40,8 @@ def test_a_dense_input_the_pointmap_cannot_take_is_said_once() -> None:
     applying (it was ignored without a word), and the size the model needs is used."""
     from types import SimpleNamespace
 
-    from pipeline.config import RunConfig
-    from pipeline.stages_setup import _input_size
+    from pipeline.cli.config import RunConfig
+    from pipeline.run.build import _input_size
 
     model = SimpleNamespace(random_weights=False, cfg=SimpleNamespace(image_size=[128, 96],
                                                                       head=SimpleNamespace(has_scale=True)))

@@ -1,5 +1,5 @@
 """docs/ARCHITECTURE.md stays true: every file or folder it names in backticks exists, and every
-dotted name of ours it names (``pipeline.runner.Runner``, ``sapiens2_client.wire``) imports, down
+dotted name of ours it names (``pipeline.run.runner.Runner``, ``sapiens2_client.wire``) imports, down
 to the attribute."""
 
 from __future__ import annotations
@@ -77,13 +77,13 @@ def test_every_module_it_names_imports() -> None:
 
 
 @pytest.mark.parametrize("span, path, dotted", [
-    ("pipeline/runner.py", True, False),
+    ("pipeline/run/runner.py", True, False),
     ("pipeline/sinks/", True, False),
     ("WIRE.md", True, False),
     ("pipeline/<part>/commands.py", False, False),
     ("--source", False, False),
     ("tcp://127.0.0.1:5555", False, False),
-    ("pipeline.engine.FrameEngine", False, True),
+    ("pipeline.run.engine.FrameEngine", False, True),
     ("threading.Event", False, False),
     ("func(args) -> int", False, False),
 ])
@@ -96,6 +96,6 @@ def test_what_counts_as_a_path_or_a_name(span: str, path: bool, dotted: bool) ->
 def test_a_stale_name_is_reported(tmp_path: Path) -> None:
     (tmp_path / "pipeline").mkdir()
     assert missing_paths("`pipeline/` and `pipeline/gone.py`", tmp_path) == ["pipeline/gone.py"]
-    assert unresolved("pipeline.runner.Runner") is None
-    assert unresolved("pipeline.runner.NoSuchThing") == "pipeline.runner has no attribute 'NoSuchThing'"
+    assert unresolved("pipeline.run.runner.Runner") is None
+    assert unresolved("pipeline.run.runner.NoSuchThing") == "pipeline.run.runner has no attribute 'NoSuchThing'"
     assert unresolved("pipeline.no_such_module") == "pipeline has no attribute 'no_such_module'"

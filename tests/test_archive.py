@@ -524,9 +524,9 @@ def test_a_marker_that_cannot_be_written_fails_the_video_with_the_reason(tmp_pat
     """A full disk at DONE.json: that video fails saying so (not "its worker died 3 times"), no marker."""
     from types import SimpleNamespace
 
+    from pipeline.cli.config import RunConfig
     from pipeline.cluster import archive as archive_module
     from pipeline.cluster.archive_files import Item
-    from pipeline.config import RunConfig
 
     def outputs_made(cfg, stages, item, folder, token) -> tuple[int, int]:
         (folder / KEYPOINTS).write_text("{}\n")
@@ -556,9 +556,9 @@ def test_a_video_done_with_corrupt_packets_says_how_many(tmp_path: Path, monkeyp
                                                          capsys: pytest.CaptureFixture) -> None:
     from types import SimpleNamespace
 
+    from pipeline.cli.config import RunConfig
     from pipeline.cluster import archive as archive_module
     from pipeline.cluster.archive_files import Item, from_marker
-    from pipeline.config import RunConfig
 
     def outputs_made(cfg, stages, item, folder, token) -> tuple[int, int]:
         (folder / KEYPOINTS).write_text("{}\n")
@@ -581,7 +581,7 @@ def test_a_video_done_with_corrupt_packets_says_how_many(tmp_path: Path, monkeyp
 @pytest.mark.timeout(120)
 def test_a_config_file_keeps_its_model_settings_and_loses_its_sources_and_outputs(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    from pipeline.cli import build_parser
+    from pipeline.cli.main import build_parser
     from pipeline.cluster.archive import batch_config
 
     config = tmp_path / "run.yaml"
@@ -602,7 +602,7 @@ def test_files_named_relative_to_here_reach_the_workers_absolute(tmp_path: Path,
     would be looked for there."""
     from PIL import Image
 
-    from pipeline.cli import build_parser
+    from pipeline.cli.main import build_parser
     from pipeline.cluster.archive import batch_config
 
     monkeypatch.chdir(tmp_path)

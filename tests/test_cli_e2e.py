@@ -21,10 +21,10 @@ import av
 import numpy as np
 import pytest
 
-from pipeline.cli import build_parser
-from pipeline.cliargs import overrides_from
-from pipeline.config import ConfigError, load_config
-from pipeline.runner import Runner
+from pipeline.cli.args import overrides_from
+from pipeline.cli.config import ConfigError, load_config
+from pipeline.cli.main import build_parser
+from pipeline.run.runner import Runner
 from pipeline.sources import Source
 from pipeline.sources.demo import SyntheticCamera
 from stages.types import Detections, Frame, FrameResult, Keypoints, StreamInfo
@@ -422,8 +422,8 @@ class TimedEngine:
 def test_live_source_real_engine_tiny_pose(tiny: Path, cli_env: dict[str, str], monkeypatch) -> None:
     for key in ("SAPIENS2_STREAM_CACHE", "HF_HUB_OFFLINE", "HF_HOME", "HF_HUB_CACHE"):
         monkeypatch.setenv(key, cli_env[key])
-    from pipeline.engine import FrameEngine
-    from pipeline.stages_setup import build_stages
+    from pipeline.run.build import build_stages
+    from pipeline.run.engine import FrameEngine
 
     cfg = load_config(CONFIGS / "tiny.yaml", {"tasks": ["pose"]})
     stages = build_stages(cfg)

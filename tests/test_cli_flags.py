@@ -7,9 +7,9 @@ import typing
 
 import pytest
 
-from pipeline.cli import build_parser
-from pipeline.cliargs import overrides_from
-from pipeline.config import FIELDS, HINTS, load_config
+from pipeline.cli.args import overrides_from
+from pipeline.cli.config import FIELDS, HINTS, load_config
+from pipeline.cli.main import build_parser
 
 # A value to give each kind of flag on the command line, and what the key must then hold.
 SAMPLES = {
@@ -109,7 +109,7 @@ def test_a_yaml_size_is_written_as_on_the_command_line(tmp_path) -> None:
     (None, "is a folder"),
 ])
 def test_a_bad_config_file_is_named_with_what_is_wrong(tmp_path, content: bytes | None, needle: str) -> None:
-    from pipeline.config import ConfigError
+    from pipeline.cli.config import ConfigError
 
     config = tmp_path / "c.yaml"
     if content is None:

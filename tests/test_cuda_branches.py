@@ -23,10 +23,10 @@ import numpy as np
 import pytest
 import torch
 
-import pipeline.lanes
-from pipeline.engine import FrameEngine
-from pipeline.lanes import Clock, Lanes
-from pipeline.stages_setup import Stages
+import pipeline.run.streams
+from pipeline.run.build import Stages
+from pipeline.run.engine import FrameEngine
+from pipeline.run.streams import Clock, Lanes
 from stages.keypoints3d import Lift
 from stages.sapiens2 import load_model
 from stages.sapiens2.estimators import ESTIMATORS
@@ -69,7 +69,7 @@ def estimators(checkpoints: dict[str, Path]) -> dict:
 @pytest.fixture
 def gpu(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeGpu]:
     fake = FakeGpu(monkeypatch)
-    monkeypatch.setattr(pipeline.lanes, "_STREAMS", {})  # lanes made of these stand-ins, for this test only
+    monkeypatch.setattr(pipeline.run.streams, "_STREAMS", {})  # lanes made of these stand-ins, for this test only
     yield fake
 
 
@@ -280,13 +280,13 @@ def test_gpu_memory_is_read_for_the_runs_device(monkeypatch: pytest.MonkeyPatch)
 
 def test_a_cuda_run_warms_up_before_its_first_frame_and_pipelines(estimators: dict, gpu: FakeGpu,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    """pipeline/app.py: on CUDA the stages warm up on their lanes (and the detector per frame size)
-    even with nothing else to check; pipeline/runner.py: a CUDA engine queues step t+1 before it
+    """pipeline/run/app.py: on CUDA the stages warm up on their lanes (and the detector per frame size)
+    even with nothing else to check; pipeline/run/runner.py: a CUDA engine queues step t+1 before it
     finishes step t. Every frame comes out, in order, as the CPU computes it."""
     import threading
 
-    from pipeline.app import assemble
-    from pipeline.config import RunConfig
+    from pipeline.cli.config import RunConfig
+    from pipeline.run.app import assemble
 
     warmed: list[tuple] = []
     real_warm_up = FrameEngine.warm_up
@@ -379,7 +379,7 @@ def test_a_detector_on_another_device_than_the_frames_gets_them_from_the_host(es
 def test_a_float16_dense_stage_falls_back_and_the_3d_step_runs_again_on_cuda(checkpoints: dict[str, Path],
                                                                              estimators: dict, gpu: FakeGpu,
                                                                              caplog) -> None:
-    """pipeline/fallback.py: the pointmap overflows float16 (stood in for: its raw maps poisoned); it is
+    """pipeline/run/fallback.py: the pointmap overflows float16 (stood in for: its raw maps poisoned); it is
     computed again in bfloat16 and the 3D keypoints again on the new map, from this step's keypoints
     brought back to the device. The step's results are those of a bfloat16 pointmap from the start."""
     import logging
@@ -400,7 +400,7 @@ def test_a_float16_dense_stage_falls_back_and_the_3d_step_runs_again_on_cuda(che
         else:
             pointmap.set_dtype(torch.bfloat16)
         engine = _engine({"pose": estimators["pose"], "pointmap": pointmap}, CUDA)
-        with caplog.at_level(logging.WARNING, "pipeline.engine"):
+        with caplog.at_level(logging.WARNING, "pipeline.run.engine"):
             out = engine.finish_batch(engine.submit_batch(_step(0)), False)
         assert pointmap.model.dtype == torch.bfloat16
         return out

@@ -4,7 +4,6 @@ ByteTrack ids, boxes carried between detector runs, and no device-wide synchroni
 from __future__ import annotations
 
 import logging
-
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -324,8 +323,8 @@ def test_detect_does_not_synchronise_the_device(monkeypatch) -> None:
 
 
 def test_the_run_device_reaches_the_detector(monkeypatch: pytest.MonkeyPatch) -> None:
-    from pipeline.config import RunConfig
-    from pipeline.stages_setup import build_detector
+    from pipeline.cli.config import RunConfig
+    from pipeline.run.build import build_detector
 
     cfg = RunConfig(source="demo", detector="yolo", detector_model="yolo11n.yaml", det_imgsz=320)
     detector = build_detector(cfg, torch.device("cpu"), [])
@@ -375,7 +374,7 @@ def test_a_detector_running_elsewhere_warns_once_and_takes_the_frames_through_th
 def test_a_cuda_device_becomes_the_current_one(monkeypatch: pytest.MonkeyPatch) -> None:
     """pick_device makes cuda:N the current device, so a library that says just "cuda" lands there;
     an index past the devices is one error. (CUDA's own calls are stood in for on this CPU machine.)"""
-    from pipeline.stages_setup import pick_device
+    from pipeline.run.build import pick_device
     from stages.sapiens2.weights import CheckpointError
 
     chosen = []

@@ -153,8 +153,8 @@ def test_each_frame_becomes_a_tensor_once_per_step(monkeypatch: pytest.MonkeyPat
     """The engine uploads each frame, and the YOLO detector reads that upload: no host letterbox, no
     second conversion of a picture to a tensor (on a GPU each is a copy over the bus). The detector's
     stream waits for the upload."""
-    from pipeline.engine import FrameEngine
-    from pipeline.stages_setup import Stages
+    from pipeline.run.build import Stages
+    from pipeline.run.engine import FrameEngine
     from stages.sapiens2 import load_model
     from stages.sapiens2.estimators import ESTIMATORS
     from stages.sapiens2.tiny import make_tiny

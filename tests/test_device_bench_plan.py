@@ -25,7 +25,7 @@ class Warmed(Exception):
 def test_the_pipeline_phase_warms_every_bucket_its_rows_reach(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import bench.device_stream as stream
     from bench.devicekit import Ctx, Report
-    from pipeline.engine import FrameEngine
+    from pipeline.run.engine import FrameEngine
     from stages.sapiens2.tiny import make_tiny
 
     monkeypatch.setenv("YOLO_OFFLINE", "1")

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.engine import FrameEngine
-from pipeline.stages_setup import Stages
+from pipeline.run.build import Stages
+from pipeline.run.engine import FrameEngine
 from stages.keypoints3d import Lift
 from stages.sapiens2 import load_model
 from stages.sapiens2.estimators import ESTIMATORS

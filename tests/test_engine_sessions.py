@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from pipeline.engine import FrameEngine
-from pipeline.stages_setup import Stages
+from pipeline.run.build import Stages
+from pipeline.run.engine import FrameEngine
 from stages.detector import ByteTracker, FullFrameDetector
 from stages.smoothing import KeypointSmoother
 from stages.types import Frame

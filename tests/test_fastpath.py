@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.cli import build_parser
-from pipeline.cliargs import overrides_from
-from pipeline.config import RECORD_CODECS, ConfigError, load_config
+from pipeline.cli.args import overrides_from
+from pipeline.cli.config import RECORD_CODECS, ConfigError, load_config
+from pipeline.cli.main import build_parser
+from pipeline.run.build import build_stages, fastpath_from
 from pipeline.sinks.publisher import JpegEncoder, ZmqPublisher
-from pipeline.stages_setup import build_stages, fastpath_from
 from sapiens2_client import wire
 from sapiens2_client.subscriber import FrameMessage, ReceiveTimeout, Subscriber
 from stages.sapiens2 import fastpath as fastpath_mod
@@ -293,7 +293,7 @@ def test_published_frames_are_jpeg_encoded_on_the_gpu_by_default_on_cuda(device,
     off. (A CUDA machine stood in for: only whether CUDA is there and a stream are asked of it.)"""
     import threading
 
-    from pipeline.app import build_sinks
+    from pipeline.run.app import build_sinks
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: object())

@@ -333,8 +333,8 @@ def test_a_checkpoint_of_another_task_is_refused_before_any_model_loads(tiny: Pa
 
 def test_settings_and_tasks_that_do_nothing_are_named() -> None:
     """--smooth without track ids, a 3D beta without 3D smoothing, tasks whose maps nothing carries."""
-    from pipeline.config import RunConfig
-    from pipeline.preflight import unused_settings
+    from pipeline.cli.config import RunConfig
+    from pipeline.cli.preflight import unused_settings
 
     notes = unused_settings(RunConfig(source="demo", detector="yolo", smooth=True, smooth_beta3d=2.0,
                                       tasks=["pose", "normal", "pointmap"]))
@@ -364,7 +364,7 @@ def test_bad_input_is_refused_before_torch_is_imported(cli_env: dict[str, str], 
     """The cases above that need no detector file are refused before torch, torchvision or
     Ultralytics are imported (the command line checks a run before it imports the pipeline)."""
     cases = [["--source", str(clip), *TINY_POSE, *args] for args, _ in BAD_INPUT if "--detector-model" not in args]
-    script = ("import json, sys\nfrom pipeline.cli import main\n"
+    script = ("import json, sys\nfrom pipeline.cli.main import main\n"
               f"codes = [main(argv) for argv in {cases!r}]\n"
               "heavy = [m for m in ('torch', 'torchvision', 'ultralytics', 'cv2') if m in sys.modules]\n"
               "print(json.dumps({'codes': codes, 'heavy': heavy}))")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.runner import SourceStats
+from pipeline.run.runner import SourceStats
 from sapiens2_client.subscriber import KeypointsMessage, ReceiveTimeout, Subscriber
 from sapiens2_client.timing import RateMeter
 from tests.cliutil import CLI, CONFIGS, OFFLINE, REPO, make_video, run_cli, run_cli_cases, wait_for

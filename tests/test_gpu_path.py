@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.engine import FrameEngine
-from pipeline.runner import Runner
-from pipeline.stages_setup import Stages
+from pipeline.run.build import Stages
+from pipeline.run.engine import FrameEngine
+from pipeline.run.runner import Runner
 from stages.detector import carry_boxes
 from stages.sapiens2 import load_model
 from stages.sapiens2.estimators import ESTIMATORS, NonFiniteOutputError
@@ -268,7 +268,7 @@ def test_float16_mlp_overflow_falls_back_to_bfloat16_once(hot_mlp_dir: Path, cap
         assert torch.isfinite(full(pixels)[0]).all()  # the overflow is float16's, not the model's
     pose = ESTIMATORS["pose"](half)
     engine = FrameEngine(Stages(torch.device("cpu"), TwoPeople(), {"pose": pose}))
-    with caplog.at_level(logging.WARNING, "pipeline.engine"):
+    with caplog.at_level(logging.WARNING, "pipeline.run.engine"):
         first = engine.finish(engine.submit(_frame(0)), False)
         second = engine.finish(engine.submit(_frame(1)), False)
     assert pose.model.dtype == torch.bfloat16
@@ -292,7 +292,7 @@ def test_float16_fall_back_when_the_next_step_is_already_queued(hot_mlp_dir: Pat
     real_warmup = pose.warmup
     pose.warmup = lambda n: warmed.append(pose.model.dtype) or real_warmup(n)
     engine.warm_up(max_persons=2)
-    with caplog.at_level(logging.WARNING, "pipeline.engine"):
+    with caplog.at_level(logging.WARNING, "pipeline.run.engine"):
         first, second = engine.submit(_frame(0)), engine.submit(_frame(1))
         results = [engine.finish(first, False), engine.finish(second, False)]
     assert pose.model.dtype == torch.bfloat16
@@ -309,11 +309,11 @@ def test_float16_fall_back_on_cuda_changes_the_weights_only_when_no_stream_reads
     """On CUDA (streams and events stood in for: tests/fakecuda.py), the next step is queued in float16
     on the pose lane when this one overflows: the cast waits for the device (torch.cuda.synchronize
     with the engine's own device), and the queued step is computed again in bfloat16."""
-    import pipeline.lanes
+    import pipeline.run.streams
     from tests.fakecuda import FakeGpu
 
     gpu = FakeGpu(monkeypatch)
-    monkeypatch.setattr(pipeline.lanes, "_STREAMS", {})
+    monkeypatch.setattr(pipeline.run.streams, "_STREAMS", {})
     pose = ESTIMATORS["pose"](load_model(hot_mlp_dir, device="cpu", dtype="float16"))
     monkeypatch.setattr(FastForward, "_float16_disagrees", lambda self, pixels: None)
     engine = FrameEngine(Stages(torch.device("cuda", 0), TwoPeople(), {"pose": pose}))

@@ -6,7 +6,7 @@ import`` counts, absolute or relative, at module level or inside a function or a
 block (a lazy import that closes a loop is still a circle: it only moves the failure to the call that
 first runs it), plus ``importlib.import_module`` with a literal name and the registries of modules
 imported by name (a module-level tuple, list or dict whose strings all name modules of the
-packages, such as pipeline.cli's COMMAND_MODULES).
+packages, such as pipeline.cli.main's COMMAND_MODULES).
 """
 
 from __future__ import annotations
@@ -263,7 +263,7 @@ def test_a_run_imports_neither_torchvision_nor_scipy() -> None:
     import subprocess
     import sys
 
-    probe = ("import sys, pipeline.app, pipeline.cli, pipeline.engine, stages.sapiens2.estimators; "
+    probe = ("import sys, pipeline.run.app, pipeline.cli.main, pipeline.run.engine, stages.sapiens2.estimators; "
              "print(sorted(m for m in ('torchvision', 'torch._dynamo', 'scipy', 'aiohttp', 'prometheus_client') "
              "if m in sys.modules))")
     ran = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120,

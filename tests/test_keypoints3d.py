@@ -16,8 +16,8 @@ import pytest
 import torch
 from transformers import Sapiens2ImageProcessor
 
-from pipeline.engine import FrameEngine
-from pipeline.stages_setup import Stages
+from pipeline.run.build import Stages
+from pipeline.run.engine import FrameEngine
 from stages.keypoints3d import Lift, lift, relative, sample_bilinear, sample_median, smooth3d
 from stages.sapiens2 import load_model
 from stages.sapiens2.estimators import ESTIMATORS, PointmapEstimator

@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 import torch
 
-import pipeline.lanes
-from pipeline.engine import FrameEngine
-from pipeline.stages_setup import Stages
+import pipeline.run.streams
+from pipeline.run.build import Stages
+from pipeline.run.engine import FrameEngine
 from stages.sapiens2.compiled import compile_model
 from stages.sapiens2.estimators import PoseEstimator, Segmenter
 from stages.sapiens2.fastpath import FastPath
@@ -169,12 +169,12 @@ def test_compile_modes_compile_without_inductors_graphs(mode: str, autotune: boo
 def test_the_engine_keeps_its_lanes_apart_with_cuda_graphs(monkeypatch: pytest.MonkeyPatch, caplog) -> None:
     """reduce-overhead used to put every lane, the detector's included, on one stream."""
     monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: object())
-    monkeypatch.setattr(pipeline.lanes, "_STREAMS", {})
+    monkeypatch.setattr(pipeline.run.streams, "_STREAMS", {})
     graphed = SimpleNamespace(fastpath=FastPath(cuda_graphs="on"))
-    with caplog.at_level(logging.INFO, "pipeline.engine"):
+    with caplog.at_level(logging.INFO, "pipeline.run.engine"):
         engine = FrameEngine(Stages(torch.device("cuda", 0), None, {"pose": graphed, "seg": graphed}))
     streams = engine.lanes.streams
-    assert len({id(s) for s in streams.values()}) == len(pipeline.lanes.STREAM_NAMES)
+    assert len({id(s) for s in streams.values()}) == len(pipeline.run.streams.STREAM_NAMES)
     assert streams["detect"] is not streams["seg"] and streams["pose"] is not streams["seg"]
     assert any("overlap, the detector beside them" in r.getMessage() for r in caplog.records)
     again = FrameEngine(Stages(torch.device("cuda", 0), None, {"pose": graphed}))

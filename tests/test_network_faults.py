@@ -257,12 +257,12 @@ def test_pipeline_publishes_through_the_broker_from_the_cli(tiny: Path, cli_env:
 def test_reconnect_is_marked_in_the_jsonl_and_the_status_and_pts_keep_increasing(tmp_path: Path) -> None:
     import torch
 
-    from pipeline.engine import FrameEngine
-    from pipeline.runner import Runner
+    from pipeline.run.build import Stages
+    from pipeline.run.engine import FrameEngine
+    from pipeline.run.runner import Runner
     from pipeline.sinks.jsonl import KeypointWriter
     from pipeline.sources import Source
     from pipeline.sources.demo import SyntheticCamera
-    from pipeline.stages_setup import Stages
     from sapiens2_client.subscriber import ReceiveTimeout, StatusMessage, Subscriber
     from stages.detector import FullFrameDetector
 

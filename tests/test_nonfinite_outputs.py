@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.engine import FrameEngine
-from pipeline.stages_setup import Stages
+from pipeline.run.build import Stages
+from pipeline.run.engine import FrameEngine
 from stages.sapiens2 import load_model
 from stages.sapiens2.estimators import ESTIMATORS
 from stages.sapiens2.tiny import make_tiny
@@ -70,7 +70,7 @@ def _run_poisoned(task: str, folder: Path, poison, caplog: pytest.LogCaptureFixt
     est = _estimator(task, folder, "float16")
     poison(est)
     engine = FrameEngine(Stages(torch.device("cpu"), TwoPeople(), {task: est}), kpt_threshold=0.0)
-    with caplog.at_level(logging.WARNING, "pipeline.engine"):
+    with caplog.at_level(logging.WARNING, "pipeline.run.engine"):
         result = engine.finish(engine.submit(_frame()), False)
     assert est.model.dtype == torch.bfloat16, "the float16 stage did not fall back to bfloat16"
     assert len([r for r in caplog.records if "float16 overflowed" in r.getMessage()]) == 1
@@ -138,7 +138,7 @@ def test_an_infinite_keypoint_is_caught_before_it_is_clamped_to_the_image(
 def test_the_finite_check_is_exact_at_the_ends_of_each_dtype(dtype: torch.dtype) -> None:
     """all_finite sums in float64 (one pass, no bool tensor of the input's size): the largest finite
     values of a dtype do not overflow it, and one Inf, -Inf or NaN (or Inf and -Inf together) is seen."""
-    from pipeline.lanes import all_finite
+    from pipeline.run.streams import all_finite
 
     big = torch.full((1000,), torch.finfo(dtype).max, dtype=dtype)
     assert bool(all_finite([big, -big]))

@@ -19,7 +19,7 @@ from stages.sapiens2.tiny import make_tiny
 pytestmark = pytest.mark.timeout(180)
 REPO = Path(__file__).resolve().parents[1]
 _SCRIPT = Path(sys.executable).parent / "sapiens2-stream"
-CLI = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "pipeline.cli"]
+CLI = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "pipeline.cli.main"]
 
 
 def _free_port() -> int:

@@ -1,4 +1,4 @@
-"""The engine's uploads go through reused page-locked buffers (pipeline.lanes.StagingRing), and a
+"""The engine's uploads go through reused page-locked buffers (pipeline.run.streams.StagingRing), and a
 buffer is never written again before the copy out of it has completed. No GPU here: the copy is a
 stand-in that reads its buffer only when its event completes, as a DMA engine would."""
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.lanes import PIPELINE_DEPTH, Lanes, StagingRing
+from pipeline.run.streams import PIPELINE_DEPTH, Lanes, StagingRing
 from stages.sapiens2.preprocess import to_device_image, upload
 
 
@@ -96,10 +96,10 @@ def test_uploads_to_cuda_take_the_staging_they_are_given(monkeypatch: pytest.Mon
 
 
 def test_the_engine_lanes_stage_uploads_through_a_ring(monkeypatch: pytest.MonkeyPatch) -> None:
-    import pipeline.lanes
+    import pipeline.run.streams
 
     monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: object())
-    monkeypatch.setattr(pipeline.lanes, "_STREAMS", {})  # no stand-in streams left for later tests
+    monkeypatch.setattr(pipeline.run.streams, "_STREAMS", {})  # no stand-in streams left for later tests
     lanes = Lanes(torch.device("cuda"), overlap=True, pinned=True)
     assert isinstance(lanes.staging, StagingRing) and lanes.staging.depth == PIPELINE_DEPTH + 1
     assert Lanes(torch.device("cuda"), overlap=True, pinned=False).staging is None  # pageable: the host waits

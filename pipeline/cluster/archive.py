@@ -37,9 +37,9 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pipeline.cli.args import raise_terminated
 from stages.errors import ConfigError
 
-from ..cliargs import raise_terminated
 from .archive_files import (
     DONE,
     FAILED,
@@ -63,8 +63,8 @@ from .archive_report import Progress, print_summary
 from .support import need, unanswered
 
 if TYPE_CHECKING:  # the models' modules load torch: imported where a command runs, not by the CLI's parser
-    from pipeline.config import RunConfig
-    from pipeline.stages_setup import Stages
+    from pipeline.cli.config import RunConfig
+    from pipeline.run.build import Stages
 
 log = logging.getLogger("sapiens2_stream")
 
@@ -82,8 +82,8 @@ ADDRESS_TIMEOUT_S = 5.0
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Register ``batch``: the run flags (less the ones batch sets itself) plus the archive's own."""
-    from pipeline.cliargs import add_run_args
-    from pipeline.config import FIELDS
+    from pipeline.cli.args import add_run_args
+    from pipeline.cli.config import FIELDS
 
     p = subparsers.add_parser("batch", help="run a video archive through the pipeline on Ray (resumable)",
                               description="Each input gets DIR/<video_id>/keypoints.jsonl, annotated.mp4 and a "
@@ -115,7 +115,7 @@ def process_video(cfg: RunConfig, stages: Stages, item: Item, out: Path, run_id:
     """Run the pipeline on one video into ``out/<video_id>/``; never raises for a bad input (the
     outcome row says what happened; a video already complete is not done again). ``weights``: the
     driver's ``weights_fingerprint`` of the checkpoints, kept in the marker."""
-    from pipeline.cliargs import one_line
+    from pipeline.cli.args import one_line
 
     folder = out / item.video_id
     made_from = fingerprint(item, dataclasses.asdict(cfg), weights)
@@ -149,7 +149,7 @@ def process_video(cfg: RunConfig, stages: Stages, item: Item, out: Path, run_id:
 def _run_one(cfg: RunConfig, stages: Stages, item: Item, folder: Path, token: str) -> tuple[int, int]:
     """The plain pipeline on one file into temporaries, renamed into place once whole; (frames written,
     corrupt packets skipped)."""
-    from pipeline.app import assemble, build_sinks
+    from pipeline.run.app import assemble, build_sinks
     from pipeline.sources import Source
     from pipeline.sources.readers import open_file
 
@@ -192,7 +192,7 @@ class ArchiveWorker:
     """The Ray Data actor: loads the models once, then runs one row (one video) per call."""
 
     def __init__(self, cfg: RunConfig, out: str, run_id: str, weights: str | None = None, workers: int = 1) -> None:
-        from pipeline.cliargs import one_line
+        from pipeline.cli.args import one_line
 
         logging.basicConfig(level=cfg.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
         self.cfg, self.out, self.run_id, self.weights = cfg, Path(out), run_id, weights
@@ -205,7 +205,7 @@ class ArchiveWorker:
         loading = self.out / f"{LOADING}{run_id}-{socket.gethostname()}-{os.getpid()}"
         loading.touch()
         try:  # (importing torch and the model code is part of the loading: a process may die there too)
-            from pipeline.stages_setup import build_stages
+            from pipeline.run.build import build_stages
 
             self.stages = build_stages(cfg)
         except Exception as exc:  # every row this actor gets then fails with the reason; the job goes on
@@ -214,7 +214,7 @@ class ArchiveWorker:
         loading.unlink(missing_ok=True)
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, list]:
-        from pipeline.cliargs import one_line
+        from pipeline.cli.args import one_line
 
         rows = []
         for video_id, path in zip(batch["video_id"], batch["path"]):
@@ -258,7 +258,7 @@ def _batch(args: argparse.Namespace, items: list[Item], out: Path) -> int:
     settings = dataclasses.asdict(cfg)
     weights = None  # known here for a local run (a cluster's nodes resolve the weights themselves)
     if address is None:
-        from pipeline.stages_setup import checkpoint_sources, fallback_line, tiny_fallbacks
+        from pipeline.run.build import checkpoint_sources, fallback_line, tiny_fallbacks
 
         # a missing checkpoint fails here, and tiny ones are made once, not per actor
         sources = checkpoint_sources(cfg)
@@ -310,7 +310,7 @@ def _batch(args: argparse.Namespace, items: list[Item], out: Path) -> int:
 
 def refuse_batch_flags(args: argparse.Namespace) -> None:
     """ConfigError naming the run flags given that batch sets itself."""
-    from pipeline.config import flag_of
+    from pipeline.cli.config import flag_of
 
     given = [key for key in SET_BY_BATCH if getattr(args, key, None) is not None]
     if given:
@@ -322,10 +322,10 @@ def refuse_batch_flags(args: argparse.Namespace) -> None:
 def batch_config(args: argparse.Namespace) -> RunConfig:
     """The run config of every video: YAML and flags, with the keys batch sets itself cleared (from
     the YAML file they are ignored, with one warning), checked as far as it can be without models."""
-    from pipeline.cliargs import run_config
-    from pipeline.config import FIELDS
-    from pipeline.preflight import preflight
-    from pipeline.sourcespecs import SourceSpec
+    from pipeline.cli.args import run_config
+    from pipeline.cli.config import FIELDS
+    from pipeline.cli.preflight import preflight
+    from pipeline.cli.sourcespecs import SourceSpec
 
     cfg = run_config(args)
     defaults = {key: FIELDS[key].default_factory() if FIELDS[key].default_factory is not dataclasses.MISSING
@@ -368,7 +368,7 @@ def _run_on_ray(args: argparse.Namespace, cfg: RunConfig, todo: list[Item], out:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     ray = need("ray", "batch")
     need("ray.data", "batch")
-    from pipeline.cliargs import one_line
+    from pipeline.cli.args import one_line
 
     workers = args.workers or 1
     try:

@@ -16,10 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipeline.cli.sourcespecs import VIDEO_SUFFIXES
 from sapiens2_client.wire import check_source_id
 from stages.errors import ConfigError
-
-from ..sourcespecs import VIDEO_SUFFIXES
 
 KEYPOINTS, VIDEO = "keypoints.jsonl", "annotated.mp4"  # the outputs of a video, in DIR/<video_id>/
 DONE, FAILED, SUMMARY = "DONE.json", "FAILED.json", "summary.jsonl"

@@ -15,7 +15,7 @@ class Progress:
         self.total, self.done = total, 0
         self.bar = None
         if bar:
-            from pipeline.terminal import progress_bar
+            from pipeline.cli.terminal import progress_bar
 
             self.bar = progress_bar(total, "video")
 

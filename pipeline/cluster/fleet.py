@@ -3,7 +3,7 @@
 Two kinds of actor, both named (namespace ``sapiens2-stream``) and restarted by Ray without limit:
 
 - ``GpuWorker`` (``num_gpus=1``, one per GPU): the batched multi-source pipeline of one process
-  (pipeline.app: models loaded once, a Runner that sources join and leave), its publisher connected
+  (pipeline.run.app: models loaded once, a Runner that sources join and leave), its publisher connected
   to the broker's XSUB side. Frames go camera -> worker -> broker; they never touch Ray's object store.
 - ``FleetController`` (detached, on the head node): owns the camera-to-worker placement and mirrors
   it to Redis (best effort, mirror.py); a thread of its own watches the workers (a report every half
@@ -27,10 +27,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .support import need
 from .fleet_worker import GpuWorker, node_id
 from .fleetspec import Camera, FleetSpec, place
 from .mirror import Mirror
+from .support import need
 
 log = logging.getLogger(__name__)
 NAMESPACE = "sapiens2-stream"

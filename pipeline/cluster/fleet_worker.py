@@ -17,9 +17,9 @@ class GpuWorker:
     """One GPU's pipeline: cameras join (``add``) and leave (``remove``) while it runs."""
 
     def __init__(self, index: int, spec: dict[str, Any]) -> None:
-        from ..app import assemble, build_sinks
-        from ..config import load_config
-        from ..stages_setup import build_stages
+        from pipeline.cli.config import load_config
+        from pipeline.run.app import assemble, build_sinks
+        from pipeline.run.build import build_stages
 
         spec_ = FleetSpec.from_dict(spec)
         self.index, self.spec = index, spec_
@@ -41,9 +41,10 @@ class GpuWorker:
 
     def add(self, camera: dict[str, Any]) -> dict[str, Any]:
         """Open a camera and batch it in; {"ok": False, "error": ...} when it does not open."""
-        from ..app import open_spec
+        from pipeline.cli.sourcespecs import SourceSpec
+        from pipeline.run.app import open_spec
+
         from ..sources import SourceError
-        from ..sourcespecs import SourceSpec
 
         cam = Camera(**camera)
         if cam.id in self.runner.sources:

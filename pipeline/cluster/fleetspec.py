@@ -27,9 +27,8 @@ from urllib.parse import urlparse
 
 import yaml
 
+from pipeline.cli.config import ConfigError, load_config
 from sapiens2_client.endpoints import check_endpoint
-
-from ..config import ConfigError, load_config
 
 KEYS = {"name", "broker", "redis", "capacity", "gpus", "gpus_per_actor", "pipeline", "curve_dir", "curve_client",
         "cameras", "liveness_s", "retry_max_s"}

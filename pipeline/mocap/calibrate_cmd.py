@@ -25,12 +25,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pipeline.cli.args import raise_terminated
+from pipeline.cli.sourcespecs import SourceSpec, missing_file, name_sources
 from sapiens2_client.cli import OneLineParser, positive
 from stages.errors import ConfigError
 from stages.mocap import DEFAULT_MIN_VIEWS
-
-from ..cliargs import raise_terminated
-from ..sourcespecs import SourceSpec, missing_file, name_sources
 
 if TYPE_CHECKING:  # the handler imports them: building the command line loads neither OpenCV nor PyAV
     from stages.mocap.charuco import Board, Detection

@@ -1,13 +1,12 @@
-"""The run configuration's motion-capture keys (a base of pipeline.config.RunConfig: flags are made
+"""The run configuration's motion-capture keys (a base of pipeline.cli.config.RunConfig: flags are made
 from them like the others) and their checks."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pipeline.cli.options import option
 from stages.errors import ConfigError
-
-from ..options import option
 
 TRC_UP = ("y", "z")
 

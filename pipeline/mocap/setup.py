@@ -9,6 +9,7 @@ import logging
 from collections.abc import Mapping
 from pathlib import Path
 
+from pipeline.cli.sourcespecs import SourceSpec
 from stages.errors import ConfigError
 from stages.mocap.associate import Association
 from stages.mocap.camera import CalibrationError, Rig, read_rig, same_aspect
@@ -16,7 +17,6 @@ from stages.mocap.fuse import Fusion, WorldFrame, WorldFuser
 from stages.mocap.triangulate import Triangulation
 from stages.types import FrameResult, StreamInfo
 
-from ..sourcespecs import SourceSpec
 from .export import write_trc
 from .options import MocapFields
 from .world import WorldStep, WorldWriter
@@ -29,7 +29,7 @@ def check_rig(cfg: MocapFields, specs: list[SourceSpec]) -> Rig | None:
     file is missing or bad, or a source has no camera of its name. None without --triangulate."""
     if not cfg.triangulate or not cfg.calibration:
         return None
-    from ..preflight import check_output_path  # (no import cycle: preflight never imports this module)
+    from pipeline.cli.preflight import check_output_path  # (no import cycle: preflight never imports this module)
 
     if cfg.save_world:
         check_output_path(cfg.save_world, "save_world")

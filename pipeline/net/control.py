@@ -23,11 +23,11 @@ from typing import Any
 
 import zmq
 
+from pipeline.cli.config import ConfigError
+from pipeline.cli.sourcespecs import SOURCE_KEYS, SourceSpec, check_source_name, check_source_settings, split_source
 from sapiens2_client.endpoints import is_loopback
 
-from ..config import ConfigError
 from ..sources import Source, SourceError
-from ..sourcespecs import SOURCE_KEYS, SourceSpec, check_source_name, check_source_settings, split_source
 
 log = logging.getLogger(__name__)
 MAX_REQUEST_BYTES = 64 * 1024

@@ -30,6 +30,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Callable, Iterator
 
+from pipeline.cli.sourcespecs import VIDEO_SUFFIXES
 from pipeline.sources.demo import DemoReader
 from pipeline.sources.flow import Channel, Pacer, Terminal, open_with_timeout
 from pipeline.sources.readers import (
@@ -47,8 +48,6 @@ from pipeline.sources.readers import (
     open_network,
 )
 from stages.types import Frame, StreamInfo
-
-from ..sourcespecs import VIDEO_SUFFIXES
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 ``batch`` take them), the config they make with the YAML file, a failure as one line, and SIGTERM as
 a Ctrl-C with the status of a terminated process.
 
-Subcommand modules import these, never the entry point (pipeline.cli), so that command-line parsing
+Subcommand modules import these, never the entry point (pipeline.cli.main), so that command-line parsing
 goes one way: the entry point assembles the commands, the commands use this module.
 """
 
@@ -13,8 +13,8 @@ import typing
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # for annotations: the helpers import pipeline.config when they are called
-    from .config import RunConfig
+if TYPE_CHECKING:  # for annotations: the helpers import pipeline.cli.config when they are called
+    from pipeline.cli.config import RunConfig
 
 
 class Terminated(KeyboardInterrupt):
@@ -41,12 +41,12 @@ def _flag_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
 
 
 def add_run_args(p: argparse.ArgumentParser) -> None:
-    """One flag per RunConfig field, generated from the field's type and metadata (see pipeline.config).
+    """One flag per RunConfig field, generated from the field's type and metadata (see pipeline.cli.config).
 
     Booleans get ``--x`` and ``--no-x``; dicts and lists of parsed items are repeatable; every flag
     defaults to None, so a flag left out overrides nothing in the YAML file.
     """
-    from .config import FIELDS, HINTS
+    from pipeline.cli.config import FIELDS, HINTS
 
     p.add_argument("--config", help="YAML config file; flags override its values")
     for name, f in FIELDS.items():
@@ -93,7 +93,7 @@ def _with_default(text: str, f: Any) -> str | None:
 
 def overrides_from(args: argparse.Namespace) -> dict[str, Any]:
     """The RunConfig keys given on the command line (repeatable KEY=VALUE flags collected into dicts)."""
-    from .config import FIELDS, HINTS
+    from pipeline.cli.config import FIELDS, HINTS
 
     values = {k: v for k, v in vars(args).items() if k in FIELDS and v is not None}
     for key, value in values.items():
@@ -104,7 +104,7 @@ def overrides_from(args: argparse.Namespace) -> dict[str, Any]:
 
 def run_config(args: argparse.Namespace) -> RunConfig:
     """The RunConfig of a command's ``--config`` file and run flags (a flag wins over the file)."""
-    from .config import load_config
+    from pipeline.cli.config import load_config
 
     return load_config(args.config, overrides_from(args))
 

@@ -16,14 +16,13 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.cli.config import ConfigError, RunConfig, flag_of
+from pipeline.cli.sourcespecs import SourceSpec, missing_file
 from sapiens2_client.display import no_display
 from sapiens2_client.jsonl import JsonlError, LineWriter
 from sapiens2_client.paths import unwritable
 from sapiens2_client.video import RECORD_SUFFIXES
 from stages.sapiens2.names import is_hub_id
-
-from .config import ConfigError, RunConfig, flag_of
-from .sourcespecs import SourceSpec, missing_file
 
 # what Ultralytics loads as a detector (weights, its exports, or an architecture with random weights)
 DETECTOR_SUFFIXES = (".pt", ".yaml", ".yml", ".onnx", ".torchscript", ".engine", ".mlpackage", ".tflite")

@@ -19,15 +19,14 @@ from typing import Any
 
 import yaml
 
+from pipeline.cli.options import option, parse_auto_bool, parse_checkpoint, parse_size
+from pipeline.cli.sourcespecs import SourceSpec, name_sources
+from pipeline.mocap.options import MocapFields
 from sapiens2_client.endpoints import check_endpoint
 from sapiens2_client.wire import check_source_id
 from stages.errors import ConfigError
 from stages.sapiens2.config import TASKS
 from stages.sapiens2.switches import ATTENTION_NAMES, COMPILE_MODES, CUDA_GRAPHS
-
-from .mocap.options import MocapFields
-from .options import option, parse_auto_bool, parse_checkpoint, parse_size
-from .sourcespecs import SourceSpec, name_sources
 
 __all__ = ["ConfigError", "RunConfig", "load_config", "merge", "option"]
 
@@ -232,7 +231,7 @@ class RunConfig(MocapFields):  # the motion-capture keys: pipeline/mocap/options
 
 
     def source_specs(self) -> list[SourceSpec]:
-        """Every source of the run, named (pipeline.sourcespecs.name_sources)."""
+        """Every source of the run, named (pipeline.cli.sourcespecs.name_sources)."""
         return name_sources(self.sources, self.source, self.source_id)
 
 

@@ -1,7 +1,7 @@
 """The engine's answer to non-finite outputs: a float16 stage falls back to bfloat16 and its step is
 computed again; in other dtypes, or when bfloat16 does not help, NonFiniteOutputError stops the run.
 
-A mixin of FrameEngine (pipeline.engine), which provides the stages, lanes and the ``_pose``,
+A mixin of FrameEngine (pipeline.run.engine), which provides the stages, lanes and the ``_pose``,
 ``_dense`` and ``_lift`` steps it calls again.
 """
 
@@ -11,11 +11,10 @@ import logging
 
 import torch
 
+from pipeline.run.streams import Clock, Pending
 from stages.sapiens2.estimators import NonFiniteOutputError
 
-from .lanes import Clock, Pending
-
-log = logging.getLogger("pipeline.engine")  # the engine's own messages, whichever module says them
+log = logging.getLogger("pipeline.run.engine")  # the engine's own messages, whichever module says them
 
 DENSE_STREAMS = (("seg", "seg"), ("matting", "matting"), ("normal", "dense"), ("pointmap", "dense"))
 MAPS_3D = ("pointmap", "seg", "matting")  # the device maps the 3D step reads (segmentation/matte: on the person)

@@ -11,7 +11,7 @@ import logging
 import signal
 import threading
 
-from .cliargs import add_run_args, run_config
+from pipeline.cli.args import add_run_args, run_config
 
 log = logging.getLogger("sapiens2_stream")
 
@@ -39,14 +39,14 @@ def cmd_make_tiny(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .preflight import preflight, unused_settings
+    from pipeline.cli.preflight import preflight, unused_settings
 
     cfg = run_config(args)
     logging.getLogger().setLevel(cfg.log_level.upper())
     preflight(cfg)  # before torch and the pipeline are imported: bad input costs half a second, not eight
     for note in unused_settings(cfg):
         log.warning(note)
-    from .app import run_pipeline
+    from pipeline.run.app import run_pipeline
 
     stop = threading.Event()
 

@@ -12,15 +12,14 @@ from pathlib import Path
 
 import torch
 
-from stages.device import DeviceError, resolve_device
+from pipeline.cli.config import RunConfig
 from stages.detector import Detector, DetectorError, FullFrameDetector, PersonDetector
+from stages.device import DeviceError, resolve_device
 from stages.metadata import load_metadata
 from stages.sapiens2.estimators import ESTIMATORS
 from stages.sapiens2.fastpath import FastPath
 from stages.sapiens2.tiny import make_tiny
 from stages.sapiens2.weights import CheckpointError, cache_root, is_hub_id, load_model, locate
-
-from .config import RunConfig
 
 log = logging.getLogger(__name__)
 

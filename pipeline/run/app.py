@@ -17,27 +17,26 @@ import time
 
 import numpy as np
 
+from pipeline.cli.config import ConfigError, RunConfig
+from pipeline.cli.preflight import expand, matte_background, preflight
+from pipeline.cli.sourcespecs import SourceSpec
+from pipeline.cli.terminal import progress_bar
+from pipeline.mocap.setup import check_rig, world_setup
+from pipeline.mocap.world import WorldWriter
+from pipeline.run.build import Stages, build_stages, pick_device
+from pipeline.run.engine import FrameEngine
+from pipeline.run.runner import Runner, SourceStats
+from pipeline.sinks import PerSource, Sink
+from pipeline.sinks.jsonl import KeypointWriter
+from pipeline.sinks.preview import PreviewWindow
+from pipeline.sinks.publisher import ZmqPublisher, curve_for
+from pipeline.sinks.recorder import RecorderError, VideoRecorder
+from pipeline.sources import Source, SourceError, open_source
 from stages.annotate import MatteAnnotator, SkeletonAnnotator, compose_annotators
 from stages.keypoints3d import Lift
 from stages.metadata import load_metadata
 from stages.smoothing import KeypointSmoother
 from stages.types import FrameResult
-
-from .config import ConfigError, RunConfig
-from .engine import FrameEngine
-from .mocap.setup import check_rig, world_setup
-from .mocap.world import WorldWriter
-from .preflight import expand, matte_background, preflight
-from .runner import Runner, SourceStats
-from .sinks import PerSource, Sink
-from .sinks.jsonl import KeypointWriter
-from .sinks.preview import PreviewWindow
-from .sinks.publisher import ZmqPublisher, curve_for
-from .sinks.recorder import RecorderError, VideoRecorder
-from .sources import Source, SourceError, open_source
-from .sourcespecs import SourceSpec
-from .stages_setup import Stages, build_stages, pick_device
-from .terminal import progress_bar
 
 log = logging.getLogger("sapiens2_stream")
 
@@ -257,7 +256,7 @@ def run_pipeline(cfg: RunConfig, stop: threading.Event | None = None) -> int:
             idle = runner.on_idle
             runner.on_idle = lambda source: (metrics.beat(), idle and idle(source))
         if cfg.control is not None:
-            from .net.control import ControlServer
+            from pipeline.net.control import ControlServer
 
             services.append(ControlServer(cfg.control, runner, lambda spec: open_spec(cfg, spec)))
             runner.keep_alive = True
@@ -301,7 +300,7 @@ def _start_metrics(cfg: RunConfig, services: list):
     PipelineMetrics; imported here: aiohttp and prometheus_client cost a run without them 0.2 s.)"""
     if cfg.metrics is None:
         return None
-    from .metrics import PipelineMetrics
+    from pipeline.metrics import PipelineMetrics
 
     metrics = PipelineMetrics()
     metrics.beat()
@@ -319,7 +318,7 @@ def _start_view(cfg: RunConfig, sinks: list[Sink], services: list) -> None:
     """``--view``: a publisher of raw frames on a free loopback port, and the web viewer reading it."""
     if cfg.view is None:
         return
-    from .viewer.server import ViewServer
+    from pipeline.viewer.server import ViewServer
 
     feed = _ViewFeed("tcp://127.0.0.1:*", jpeg_quality=cfg.jpeg_quality, raw_frames=True)
     feed.bind()

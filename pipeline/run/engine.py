@@ -42,15 +42,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from pipeline.run.build import Stages
+from pipeline.run.fallback import DENSE_STREAMS, MAPS_3D, PrecisionFallback
+from pipeline.run.streams import Carry, Clock, FrameWork, Lanes, Pending, SourceState, all_finite
 from stages.detector import ByteTracker, carry_boxes
 from stages.keypoints3d import Lift, lift, smooth3d
 from stages.sapiens2.preprocess import to_device_image, upload
 from stages.smoothing import KeypointSmoother
 from stages.types import Detections, Frame, FrameResult, Keypoints, Keypoints3D, Matte
-
-from .fallback import DENSE_STREAMS, MAPS_3D, PrecisionFallback
-from .lanes import Carry, Clock, FrameWork, Lanes, Pending, SourceState, all_finite
-from .stages_setup import Stages
 
 log = logging.getLogger(__name__)
 

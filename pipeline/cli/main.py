@@ -10,7 +10,7 @@ Every module named in COMMAND_MODULES registers its subcommands with ``add_parse
 ``expand_shorthand(argv) -> argv`` for a short form of its command line (``fleet FLEET.yaml``).
 New commands: write ``pipeline/<area>/commands.py`` with ``add_parser`` and add its dotted name
 to COMMAND_MODULES; nothing else here changes. Parsing goes one way: command modules take shared
-helpers from pipeline.cliargs and never import this module (tests/test_import_graph.py).
+helpers from pipeline.cli.args and never import this module (tests/test_import_graph.py).
 
 User-facing failures print one ``error: ...`` line and exit non-zero.
 """
@@ -24,13 +24,12 @@ import os
 import sys
 from types import ModuleType
 
+from pipeline.cli.args import one_line
 from sapiens2_client.cli import OneLineParser
-
-from .cliargs import one_line
 
 # The modules that register subcommands, in the order --help lists them (the registry).
 COMMAND_MODULES = (
-    "pipeline.commands",  # run (the default), weights
+    "pipeline.cli.commands",  # run (the default), weights
     "pipeline.net.commands",  # subscribe, keys, broker, view, control
     "pipeline.cluster.commands",  # fleet, batch, bridge
     "pipeline.mocap.commands",  # calibrate, triangulate, export-world

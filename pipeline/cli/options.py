@@ -1,5 +1,5 @@
 """Field helpers of the run configuration: ``option`` (a field with what its flag needs) and the
-parsers of flag values. Apart from pipeline/config.py so that other modules can declare config
+parsers of flag values. Apart from pipeline/cli/config.py so that other modules can declare config
 fields (pipeline/mocap/options.py) without importing the config back."""
 
 from __future__ import annotations

@@ -28,13 +28,12 @@ from typing import Any, Callable
 
 import numpy as np
 
+from pipeline.run.engine import FrameEngine
+from pipeline.sinks import PerSource, Sink
+from pipeline.sources import Source, SourceEnded, SourceError
 from sapiens2_client.timing import RateMeter
 from stages.annotate import Annotator
 from stages.types import FrameResult, StreamInfo
-
-from .engine import FrameEngine
-from .sinks import PerSource, Sink
-from .sources import Source, SourceEnded, SourceError
 
 log = logging.getLogger(__name__)
 _SENTINEL = object()
