@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from pipeline.cli.config import ConfigError, load_config
-from pipeline.run.app import _annotation_layers, matte_background
+from pipeline.cli.preflight import matte_background
+from pipeline.run.app import _annotation_layers
 from stages.annotate import MatteAnnotator, SkeletonAnnotator
 
 
