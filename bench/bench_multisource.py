@@ -39,7 +39,7 @@ from pipeline.run.engine import FrameEngine  # noqa: E402
 from pipeline.run.runner import Runner  # noqa: E402
 from stages.device import resolve_device  # noqa: E402
 from stages.sapiens2 import load_model  # noqa: E402
-from stages.sapiens2.estimators import ESTIMATORS  # noqa: E402
+from stages.sapiens2.estimators import estimator_for  # noqa: E402
 from stages.sapiens2.tiny import make_tiny  # noqa: E402
 from stages.types import Detections, Frame, StreamInfo  # noqa: E402
 
@@ -108,7 +108,7 @@ def checkpoints(config: str, folder: Path, write: bool = True) -> dict[str, Path
 def run_batched(n: int, frames: int, ckpts: dict[str, Path], device: torch.device, warmup: int,
                 ready=None) -> dict:
     """N sources through one engine; ``ready()`` is called after the warm-up, before the measured run."""
-    estimators = {task: ESTIMATORS[task](load_model(path, device=device)) for task, path in ckpts.items()}
+    estimators = {task: estimator_for(task)(load_model(path, device=device)) for task, path in ckpts.items()}
     engine = FrameEngine(Stages(device, OnePerson(), estimators))
     if device.type == "cuda":
         engine.warm_up(max_persons=n, max_frames=n)

@@ -48,7 +48,7 @@ from bench.harness import (  # noqa: E402
 from pipeline.run.build import Stages  # noqa: E402
 from pipeline.run.engine import FrameEngine  # noqa: E402
 from stages.device import resolve_device  # noqa: E402
-from stages.sapiens2.estimators import ESTIMATORS  # noqa: E402
+from stages.sapiens2.estimators import estimator_for  # noqa: E402
 from stages.types import Detections, Frame  # noqa: E402
 
 REF_CLASS = {"pose": "Sapiens2ForPoseEstimation", "seg": "Sapiens2ForSemanticSegmentation",
@@ -137,7 +137,7 @@ def build_pair(task: str, config: str, folder: Path, device: torch.device, dtype
             ref = None
     ref = (ref if ref is not None else cls(cfg)).eval()
     ref.save_pretrained(folder)
-    ours = ESTIMATORS[task](str(folder), device=device, dtype=dtype)
+    ours = estimator_for(task)(str(folder), device=device, dtype=dtype)
     ref = ref.to(device=device, dtype=dtype)
     return ref, ours
 

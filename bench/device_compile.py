@@ -13,8 +13,8 @@ import torch
 
 from bench.device_stream import person_boxes
 from bench.devicekit import Ctx, p50, p95
-from pipeline.run.fallback import DENSE_STREAMS
 from stages.sapiens2.weights import load_model
+from stages.tasks import TASKS
 
 
 def _ablation_row(ctx: Ctx, rows: list[list[Any]], label: str, make: Callable[[], Any], crops: torch.Tensor, n: int,
@@ -392,7 +392,7 @@ def warm_reachable(engine, persons: int) -> None:
             pose.infer(crops, persons)
     for task, est in engine.stages.estimators.items():
         if task != "pose":
-            with engine.lanes.use(dict(DENSE_STREAMS)[task]):
+            with engine.lanes.use(TASKS[task].stream):
                 est.warmup(1)
 
 

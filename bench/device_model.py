@@ -137,7 +137,7 @@ def _metrics(task: str, raw: torch.Tensor, out: dict, raw32: torch.Tensor, out32
 def phase_correctness(ctx: Ctx) -> None:
     """Decoded outputs (keypoints and scores, seg labels, mattes) and raw outputs of bf16 and fp16
     against float32 with TF32 off, on the same device, same weights, same camera-like frame."""
-    from stages.sapiens2.estimators import ESTIMATORS
+    from stages.sapiens2.estimators import estimator_for
     from stages.sapiens2.preprocess import crop_params
 
     ctx.say("\n## Correctness on the device (bf16 / fp16 vs float32, TF32 off, same device and weights)\n")
@@ -159,7 +159,7 @@ def phase_correctness(ctx: Ctx) -> None:
         # before any inference runs (caches filled under inference mode do not deep-copy).
         lower = {dtype: copy.deepcopy(model32).set_precision(getattr(torch, dtype))
                  for dtype in ("bfloat16", "float16")}
-        est32 = ESTIMATORS[task](model32, input_size=ctx.size)
+        est32 = estimator_for(task)(model32, input_size=ctx.size)
         image_t = est32.image_tensor(image)
         boxes_t = torch.as_tensor(person_boxes(2, w, h), device=ctx.device)
         crop = crop_params(boxes_t, ctx.size)[1].max(dim=1).values  # (N,) the crop's longer side, pixels
@@ -170,7 +170,7 @@ def phase_correctness(ctx: Ctx) -> None:
         for dtype in ("bfloat16", "float16"):
             model = lower.pop(dtype)
             ctx.reset_peak()
-            raw, out = _decoded(task, ESTIMATORS[task](model, input_size=ctx.size), image_t, boxes_t)
+            raw, out = _decoded(task, estimator_for(task)(model, input_size=ctx.size), image_t, boxes_t)
             peaks[(task, dtype)] = ctx.step_peak_gib()
             floats = [raw] + [t for t in out.values() if t.is_floating_point()]
             finite = all(bool(torch.isfinite(t).all()) for t in floats)
@@ -206,7 +206,7 @@ def memory_of_correctness(ctx: Ctx, peaks: dict[tuple[str, str], float | None], 
     """Where this phase's peak GPU memory comes from (133.7 GiB on an H200, 2026-12-04; every other phase
     under 7 GiB): the peak of each decode, then the float32 pose decode again with the process capped at
     ``card_gib`` (set_per_process_memory_fraction), as on a 24 GB card: does it run, at what peak?"""
-    from stages.sapiens2.estimators import ESTIMATORS
+    from stages.sapiens2.estimators import estimator_for
 
     results = ctx.report.results
     results["correctness_peaks_gib"] = {f"{t} {d}": v for (t, d), v in peaks.items()}
@@ -219,7 +219,7 @@ def memory_of_correctness(ctx: Ctx, peaks: dict[tuple[str, str], float | None], 
         torch.cuda.empty_cache()
         torch.cuda.set_per_process_memory_fraction(min(1.0, card_gib / total), ctx.device)
         model = load_model(ctx.ckpt("pose"), device=ctx.device, dtype="float32")
-        est = ESTIMATORS["pose"](model, input_size=ctx.size)
+        est = estimator_for("pose")(model, input_size=ctx.size)
         h, w = ctx.frame
         ctx.reset_peak()
         with strict_float32():

@@ -22,9 +22,10 @@ from collections.abc import Callable, Iterable, Sequence
 
 import cv2
 import numpy as np
-
 from sapiens2_client.timing import RateMeter
+
 from stages.metadata import Sapiens2Metadata, load_metadata
+from stages.tasks import TASKS, load
 from stages.types import FrameResult
 
 Color = tuple[int, int, int]
@@ -403,7 +404,7 @@ class Annotator:
         return self.annotate(result.frame.image.copy(), result)
 
 
-_TASKS: dict[str, Callable[[Sapiens2Metadata], BaseAnnotator]] = {
+_LAYERS: dict[str, Callable[[Sapiens2Metadata], BaseAnnotator]] = {
     "matte": lambda m: MatteAnnotator(),
     "seg": lambda m: SegmentationAnnotator(m),
     "boxes": lambda m: BoxAnnotator(),
@@ -430,7 +431,11 @@ def compose_annotators(
             built.append(task)
             continue
         name = _ALIASES.get(task, task)
-        if name not in _TASKS:
-            raise ValueError(f"unknown annotation task {task!r}; choose from {', '.join(_TASKS)}")
-        built.append(_TASKS[name](meta))
+        registered = {spec.layer: spec.annotator for spec in TASKS.values() if spec.annotator}  # (stages.tasks)
+        if name in _LAYERS:
+            built.append(_LAYERS[name](meta))
+        elif name in registered:
+            built.append(load(registered[name])())
+        else:
+            raise ValueError(f"unknown annotation task {task!r}; choose from {', '.join([*_LAYERS, *registered])}")
     return Annotator(sorted(built, key=lambda a: a.layer))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from fractions import Fraction
+from typing import Any
 
 import numpy as np
 
@@ -199,6 +200,7 @@ class FrameResult:
     normals: np.ndarray | None = None
     pointmap: np.ndarray | None = None
     keypoints3d: Keypoints3D | None = None
+    maps: dict[str, Any] = field(default_factory=dict)  # task -> result, for tasks with no field (stages.tasks)
     annotated: np.ndarray | None = None
     latency_ms: dict[str, float] = field(default_factory=dict)
     drops: dict[str, int] = field(default_factory=dict)

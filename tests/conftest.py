@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from stages.tasks import TASKS
 from tests import homeguard
 from tests.cliutil import CLI, RUN_TIMEOUT_S
 
@@ -138,7 +139,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 # -- fixtures --------------------------------------------------------------------------------
-TINY_TASKS = ("pose", "seg", "matting", "pointmap", "normal")  # every task: a run never makes one itself
+TINY_TASKS = tuple(TASKS)  # every task: a run never makes one itself
 
 
 def shared_dir(factory: pytest.TempPathFactory) -> Path:

@@ -29,7 +29,7 @@ from pipeline.run.engine import FrameEngine
 from pipeline.run.streams import Clock, Lanes
 from stages.keypoints3d import Lift
 from stages.sapiens2 import load_model
-from stages.sapiens2.estimators import ESTIMATORS
+from stages.sapiens2.estimators import estimator_for
 from stages.sapiens2.preprocess import upload
 from stages.sapiens2.tiny import make_tiny
 from stages.types import Detections, Frame, FrameResult
@@ -58,7 +58,7 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def _estimator(task: str, folder: Path, dtype: str = "float32"):
     model = load_model(folder, device="cpu", dtype=dtype)
-    return ESTIMATORS[task](model, **({"input_size": tuple(model.cfg.image_size)} if task == "pointmap" else {}))
+    return estimator_for(task)(model, **({"input_size": tuple(model.cfg.image_size)} if task == "pointmap" else {}))
 
 
 @pytest.fixture(scope="module")

@@ -156,11 +156,11 @@ def test_each_frame_becomes_a_tensor_once_per_step(monkeypatch: pytest.MonkeyPat
     from pipeline.run.build import Stages
     from pipeline.run.engine import FrameEngine
     from stages.sapiens2 import load_model
-    from stages.sapiens2.estimators import ESTIMATORS
+    from stages.sapiens2.estimators import estimator_for
     from stages.sapiens2.tiny import make_tiny
 
     detector = PersonDetector("yolo11n.yaml", conf=0.01, max_persons=3, imgsz=320, device="cpu")
-    seg = ESTIMATORS["seg"](load_model(make_tiny(tmp_path, "seg", image_size=(64, 48)), device="cpu"))
+    seg = estimator_for("seg")(load_model(make_tiny(tmp_path, "seg", image_size=(64, 48)), device="cpu"))
     engine = FrameEngine(Stages(torch.device("cpu"), detector, {"seg": seg}))
     rng = np.random.default_rng(0)
     frames = [Frame(0, rng.integers(0, 256, (120, 160, 3), dtype=np.uint8), 0, None, time.time_ns(), sid)

@@ -21,7 +21,7 @@ from pipeline.run.build import Stages
 from pipeline.run.engine import FrameEngine
 from stages.keypoints3d import Lift
 from stages.sapiens2 import load_model
-from stages.sapiens2.estimators import ESTIMATORS
+from stages.sapiens2.estimators import estimator_for
 from stages.sapiens2.tiny import make_tiny
 from stages.types import Detections, Frame
 
@@ -46,7 +46,7 @@ def engine(tmp_path_factory, request):
         kwargs = {"crop_sampling": request.param} if task == "pose" else {}
         if task == "pointmap":
             kwargs["input_size"] = tuple(model.cfg.image_size)  # fixed by the scale branch
-        estimators[task] = ESTIMATORS[task](model, **kwargs)
+        estimators[task] = estimator_for(task)(model, **kwargs)
     # detect_every=2: the second frame takes the boxes carried on the device from the first one's
     # keypoints; pointmap_every=2: the second frame samples the first one's pointmap in 3D
     return FrameEngine(Stages(torch.device("cpu"), TwoPeople(), estimators), detect_every=2,

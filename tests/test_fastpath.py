@@ -11,23 +11,23 @@ from fractions import Fraction
 import numpy as np
 import pytest
 import torch
+from sapiens2_client import wire
+from sapiens2_client.subscriber import FrameMessage, ReceiveTimeout, Subscriber
 
 from pipeline.cli.args import overrides_from
 from pipeline.cli.config import RECORD_CODECS, ConfigError, load_config
 from pipeline.cli.main import build_parser
 from pipeline.run.build import build_stages, fastpath_from
 from pipeline.sinks.publisher import JpegEncoder, ZmqPublisher
-from sapiens2_client import wire
-from sapiens2_client.subscriber import FrameMessage, ReceiveTimeout, Subscriber
 from stages.sapiens2 import fastpath as fastpath_mod
 from stages.sapiens2 import load_model
 from stages.sapiens2.buckets import BATCH_BUCKETS
-from stages.sapiens2.estimators import ESTIMATORS
+from stages.sapiens2.estimators import estimator_for
 from stages.sapiens2.fastpath import FastPath
 from stages.sapiens2.tiny import make_tiny
+from stages.tasks import TASKS
 from stages.types import Detections, Frame, FrameResult, StreamInfo
 
-TASKS = ["pose", "seg", "matting", "normal", "pointmap"]
 SIZE = (128, 96)
 
 
@@ -42,7 +42,7 @@ def fresh_warnings(monkeypatch):
 
 
 def _estimator(folder, task: str, fastpath: FastPath | None = None):
-    return ESTIMATORS[task](load_model(folder, device="cpu"), fastpath=fastpath)
+    return estimator_for(task)(load_model(folder, device="cpu"), fastpath=fastpath)
 
 
 @torch.inference_mode()  # as in the pipeline: dynamo guards on inference vs normal tensors
@@ -84,8 +84,8 @@ def test_math_attention_matches_auto(tiny_dirs, task):
 
 def test_pose_without_buckets_runs_the_exact_count_and_matches(tiny_dirs):
     model = load_model(tiny_dirs["pose"], device="cpu")
-    padded = ESTIMATORS["pose"](model)
-    exact = ESTIMATORS["pose"](model, buckets=False)
+    padded = estimator_for("pose")(model)
+    exact = estimator_for("pose")(model, buckets=False)
     image = np.random.default_rng(1).integers(0, 256, (90, 70, 3), dtype=np.uint8)
     boxes = np.array([[5, 8, 60, 85], [0, 0, 69, 89], [20, 30, 40, 70]], np.float32)
     with torch.inference_mode():

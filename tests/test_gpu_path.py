@@ -20,7 +20,7 @@ from pipeline.run.engine import FrameEngine
 from pipeline.run.runner import Runner
 from stages.detector import carry_boxes
 from stages.sapiens2 import load_model
-from stages.sapiens2.estimators import ESTIMATORS, NonFiniteOutputError
+from stages.sapiens2.estimators import NonFiniteOutputError, estimator_for
 from stages.sapiens2.fastpath import FastPath, compile_captures_cuda_graphs
 from stages.sapiens2.forward import FastForward
 from stages.sapiens2.model import Sapiens2
@@ -56,7 +56,7 @@ def test_cuda_graphs_are_on_by_default_on_cuda_only(caplog) -> None:
 def test_compile_is_fullgraph(pose_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[dict] = []
     monkeypatch.setattr(torch, "compile", lambda model, **kw: (seen.append(kw), model)[1])
-    pose = ESTIMATORS["pose"](load_model(pose_dir, device="cpu"), fastpath=FastPath(compile="default"))
+    pose = estimator_for("pose")(load_model(pose_dir, device="cpu"), fastpath=FastPath(compile="default"))
     assert not seen  # nothing compiles before the warm-up: the stage starts eager
     pose.warmup(max_batch=1)
     assert pose.wait_compiled(timeout=60)
@@ -82,8 +82,8 @@ def _lanes_in_use(engine: FrameEngine, monkeypatch: pytest.MonkeyPatch) -> list[
 
 def test_warm_up_runs_each_stage_on_the_stream_that_replays_it(pose_dir: Path, tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    seg = ESTIMATORS["seg"](load_model(make_tiny(tmp_path / "seg", "seg", image_size=(64, 48)), device="cpu"))
-    pose = ESTIMATORS["pose"](load_model(pose_dir, device="cpu"))
+    seg = estimator_for("seg")(load_model(make_tiny(tmp_path / "seg", "seg", image_size=(64, 48)), device="cpu"))
+    pose = estimator_for("pose")(load_model(pose_dir, device="cpu"))
     engine = FrameEngine(Stages(torch.device("cpu"), None, {"pose": pose, "seg": seg}))
     current = _lanes_in_use(engine, monkeypatch)
     ran: dict[str, tuple[str | None, int]] = {}
@@ -110,7 +110,7 @@ def test_warm_up_runs_the_detector_on_its_lane_once_per_frame_size(pose_dir: Pat
             seen.extend((self.lanes[-1] if self.lanes else None, tuple(im.shape), im.dtype) for im in images)
             return [Detections.empty() for _ in images]
 
-    pose = ESTIMATORS["pose"](load_model(pose_dir, device="cpu"))
+    pose = estimator_for("pose")(load_model(pose_dir, device="cpu"))
     monkeypatch.setattr(pose, "warmup", lambda n: 0.5)
     detector = DeviceDetector()
     engine = FrameEngine(Stages(torch.device("cpu"), detector, {"pose": pose}))
@@ -187,7 +187,7 @@ class Collect:
 
 @pytest.mark.parametrize("pipelined", [False, True])
 def test_detect_every_keeps_boxes_scores_and_ids_with_their_person(pose_dir: Path, pipelined: bool) -> None:
-    pose = ESTIMATORS["pose"](load_model(pose_dir, device="cpu"))
+    pose = estimator_for("pose")(load_model(pose_dir, device="cpu"))
     detector = OrderedPeople()
     engine = FrameEngine(Stages(torch.device("cpu"), detector, {"pose": pose}), kpt_threshold=0.0, detect_every=3)
     sink = Collect()
@@ -224,7 +224,7 @@ class LeavesAfterFrame0(_ByCall):
 def test_detect_every_drops_a_person_the_detector_no_longer_sees(pose_dir: Path, pipelined: bool) -> None:
     """Boxes are carried only from a detection that found somebody: a person who left is not brought back
     on the frames between detections."""
-    pose = ESTIMATORS["pose"](load_model(pose_dir, device="cpu"))
+    pose = estimator_for("pose")(load_model(pose_dir, device="cpu"))
     engine = FrameEngine(Stages(torch.device("cpu"), LeavesAfterFrame0(), {"pose": pose}), kpt_threshold=0.0,
                          detect_every=3)
     sink = Collect()
@@ -266,7 +266,7 @@ def test_float16_mlp_overflow_falls_back_to_bfloat16_once(hot_mlp_dir: Path, cap
     full = load_model(hot_mlp_dir, device="cpu", dtype="float32")
     with torch.inference_mode():
         assert torch.isfinite(full(pixels)[0]).all()  # the overflow is float16's, not the model's
-    pose = ESTIMATORS["pose"](half)
+    pose = estimator_for("pose")(half)
     engine = FrameEngine(Stages(torch.device("cpu"), TwoPeople(), {"pose": pose}))
     with caplog.at_level(logging.WARNING, "pipeline.run.engine"):
         first = engine.finish(engine.submit(_frame(0)), False)
@@ -284,7 +284,7 @@ def test_float16_fall_back_when_the_next_step_is_already_queued(hot_mlp_dir: Pat
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """Pipelined (as on CUDA): step 1 was submitted in float16 before step 0 found the overflow; it is run
     again in bfloat16 too, not taken for a bfloat16 failure."""
-    pose = ESTIMATORS["pose"](load_model(hot_mlp_dir, device="cpu", dtype="float16"))
+    pose = estimator_for("pose")(load_model(hot_mlp_dir, device="cpu", dtype="float16"))
     engine = FrameEngine(Stages(torch.device("cpu"), TwoPeople(), {"pose": pose}))
     # an overflow the warm-up's check picture does not show (that one switches float16 off before any frame)
     monkeypatch.setattr(FastForward, "_float16_disagrees", lambda self, pixels: None)
@@ -314,7 +314,7 @@ def test_float16_fall_back_on_cuda_changes_the_weights_only_when_no_stream_reads
 
     gpu = FakeGpu(monkeypatch)
     monkeypatch.setattr(pipeline.run.streams, "_STREAMS", {})
-    pose = ESTIMATORS["pose"](load_model(hot_mlp_dir, device="cpu", dtype="float16"))
+    pose = estimator_for("pose")(load_model(hot_mlp_dir, device="cpu", dtype="float16"))
     monkeypatch.setattr(FastForward, "_float16_disagrees", lambda self, pixels: None)
     engine = FrameEngine(Stages(torch.device("cuda", 0), TwoPeople(), {"pose": pose}))
     engine.warm_up(max_persons=2)
@@ -335,7 +335,7 @@ def test_non_finite_outside_float16_stops_the_run(hot_mlp_dir: Path, tmp_path: P
     with torch.no_grad():
         model.decode_head.predictor.weight.fill_(float("nan"))
     folder = write_checkpoint(model, tmp_path / "nan")
-    pose = ESTIMATORS["pose"](load_model(folder, device="cpu", dtype="float32"))
+    pose = estimator_for("pose")(load_model(folder, device="cpu", dtype="float32"))
     engine = FrameEngine(Stages(torch.device("cpu"), TwoPeople(), {"pose": pose}))
     with pytest.raises(NonFiniteOutputError, match="pose: the model produced non-finite values") as raised:
         engine.finish(engine.submit(_frame(0)), False)
@@ -348,7 +348,7 @@ def test_pointmap_scale_is_checked(tmp_path: Path) -> None:
     with torch.no_grad():
         model.decode_head.scale_final_layer[-1].bias.fill_(float("inf"))  # only the scale branch breaks
     folder = write_checkpoint(model, tmp_path / "scale")
-    est = ESTIMATORS["pointmap"](load_model(folder, device="cpu", dtype="float32"))
+    est = estimator_for("pointmap")(load_model(folder, device="cpu", dtype="float32"))
     _, checked = est.run(est.image_tensor(np.zeros((96, 128, 3), np.uint8)))
     assert any(not torch.isfinite(t).all() for t in checked)
     engine = FrameEngine(Stages(torch.device("cpu"), TwoPeople(), {"pointmap": est}))
@@ -365,8 +365,8 @@ def test_a_frame_whose_scale_is_zero_has_invalid_3d_points_and_the_run_goes_on(p
     with torch.no_grad():
         model.decode_head.scale_final_layer[-1].weight.zero_()
         model.decode_head.scale_final_layer[-1].bias.zero_()
-    pointmap = ESTIMATORS["pointmap"](load_model(write_checkpoint(model, tmp_path / "zero-scale"), device="cpu"))
-    pose = ESTIMATORS["pose"](load_model(pose_dir, device="cpu"))
+    pointmap = estimator_for("pointmap")(load_model(write_checkpoint(model, tmp_path / "zero-scale"), device="cpu"))
+    pose = estimator_for("pose")(load_model(pose_dir, device="cpu"))
     engine = FrameEngine(Stages(torch.device("cpu"), TwoPeople(), {"pose": pose, "pointmap": pointmap}),
                          keypoints3d=Lift(threshold=0.0))
     result = engine.finish(engine.submit(_frame(0)), False)
@@ -379,7 +379,6 @@ def test_a_frame_whose_scale_is_zero_has_invalid_3d_points_and_the_run_goes_on(p
 # -- the hardware encoder probe ------------------------------------------------------------
 def test_encoder_probe_sets_the_frame_rate_nvenc_needs(monkeypatch: pytest.MonkeyPatch) -> None:
     import av
-
     from sapiens2_client import video
 
     opened: list[dict] = []

@@ -20,7 +20,7 @@ from pipeline.run.build import Stages
 from pipeline.run.engine import FrameEngine
 from stages.keypoints3d import Lift, lift, relative, sample_bilinear, sample_median, smooth3d
 from stages.sapiens2 import load_model
-from stages.sapiens2.estimators import ESTIMATORS, PointmapEstimator
+from stages.sapiens2.estimators import PointmapEstimator, estimator_for
 from stages.sapiens2.tiny import make_tiny
 from stages.smoothing import KeypointSmoother
 from stages.types import Detections, Frame
@@ -209,7 +209,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict:
     out = {}
     for task in ("pose", "seg"):
         model = load_model(make_tiny(tmp_path_factory.mktemp(task), task), device="cpu")
-        out[task] = ESTIMATORS[task](model, input_size=tuple(model.cfg.image_size))
+        out[task] = estimator_for(task)(model, input_size=tuple(model.cfg.image_size))
     ref = reference_model("pointmap")
     folder = tmp_path_factory.mktemp("pointmap")
     ref.save_pretrained(folder)
@@ -353,6 +353,7 @@ def test_cli_publishes_and_writes_the_same_3d_keypoints(tiny, cli_env: dict[str,
     import subprocess
 
     from sapiens2_client.subscriber import KeypointsMessage, ReceiveTimeout, Subscriber
+
     from tests.cliutil import CLI, OFFLINE, make_video, read_jsonl
 
     clip = make_video(tmp_path / "clip.mp4", n=900, w=160, h=120)  # 30 s paced: time enough for a slow joiner

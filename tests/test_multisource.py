@@ -23,7 +23,7 @@ from pipeline.sources import Source
 from pipeline.sources.demo import SyntheticCamera
 from stages.detector import FullFrameDetector
 from stages.sapiens2 import load_model
-from stages.sapiens2.estimators import ESTIMATORS
+from stages.sapiens2.estimators import estimator_for
 from stages.sapiens2.tiny import make_tiny
 from stages.types import Detections, Frame, StreamInfo
 from tests.cliutil import (
@@ -178,7 +178,7 @@ class People:
 
 
 def test_one_forward_per_stage_for_a_whole_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    estimators = {task: ESTIMATORS[task](load_model(make_tiny(tmp_path / task, task, image_size=(64, 48)),
+    estimators = {task: estimator_for(task)(load_model(make_tiny(tmp_path / task, task, image_size=(64, 48)),
                                                     device="cpu")) for task in ("pose", "seg")}
     batches: dict[str, list[int]] = {"pose": [], "seg": []}
     for task, est in estimators.items():

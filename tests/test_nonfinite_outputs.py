@@ -19,12 +19,12 @@ import torch
 from pipeline.run.build import Stages
 from pipeline.run.engine import FrameEngine
 from stages.sapiens2 import load_model
-from stages.sapiens2.estimators import ESTIMATORS
+from stages.sapiens2.estimators import estimator_for
 from stages.sapiens2.tiny import make_tiny
+from stages.tasks import TASKS
 from stages.types import Detections, Frame
 
 pytestmark = pytest.mark.timeout(300)
-TASKS = ("pose", "seg", "matting", "normal", "pointmap")
 BAD = {"+inf": float("inf"), "-inf": float("-inf"), "nan": float("nan")}
 
 
@@ -52,7 +52,7 @@ def _frame() -> Frame:
 def _estimator(task: str, folder: Path, dtype: str):
     model = load_model(folder, device="cpu", dtype=dtype)
     kwargs = {"input_size": tuple(model.cfg.image_size)} if task == "pointmap" else {}
-    return ESTIMATORS[task](model, **kwargs)
+    return estimator_for(task)(model, **kwargs)
 
 
 def _outputs(result) -> dict[str, np.ndarray]:

@@ -18,10 +18,10 @@ from safetensors.torch import load_file, save_file
 
 from stages.sapiens2 import CheckpointError, load_model
 from stages.sapiens2.tiny import make_tiny
+from stages.tasks import TASKS
 from tests.refutil import reference_model
 
 REPO = Path(__file__).resolve().parents[1]
-TASKS = ["pose", "seg", "matting", "normal", "pointmap"]
 SIZE = (128, 96)
 
 

@@ -8,7 +8,7 @@ import torch
 from transformers import Sapiens2ImageProcessor
 
 from stages.sapiens2 import load_model
-from stages.sapiens2.estimators import Matter, NormalEstimator, PointmapEstimator, PoseEstimator, Segmenter
+from stages.sapiens2.estimators import MattingEstimator, NormalEstimator, PointmapEstimator, PoseEstimator, Segmenter
 from tests.refutil import reference_model
 
 ARCHS = {
@@ -123,7 +123,7 @@ def test_pose_pipeline_matches_reference(tmp_path, flip):
 
 def test_seg_and_matting_postprocess_match_reference(tmp_path):
     image = _photo(180, 250)
-    for task, cls in (("seg", Segmenter), ("matting", Matter)):
+    for task, cls in (("seg", Segmenter), ("matting", MattingEstimator)):
         ref = reference_model(task)
         ref.save_pretrained(tmp_path / task)
         proc = Sapiens2ImageProcessor(size={"height": 128, "width": 96})
@@ -141,7 +141,7 @@ def test_seg_and_matting_postprocess_match_reference(tmp_path):
             matte = est.predict(image)
             np.testing.assert_allclose(matte.alpha, expected["alpha"][0].numpy(), atol=1e-4)
             np.testing.assert_allclose(matte.foreground, expected["foreground"].permute(1, 2, 0).numpy(), atol=1e-4)
-            comp = Matter.composite(matte, bg)
+            comp = MattingEstimator.composite(matte, bg)
             assert np.abs(comp.astype(int) - expected["composite"].permute(1, 2, 0).numpy().astype(int)).max() <= 1
 
 

@@ -10,16 +10,14 @@ from torch import nn
 
 from stages.sapiens2 import load_model
 from stages.sapiens2.estimators import (
-    Matter,
     NonFiniteOutputError,
-    NormalEstimator,
-    PointmapEstimator,
     PoseEstimator,
-    Segmenter,
+    estimator_for,
 )
 from stages.sapiens2.model import LayerScale, RMSNorm, Sapiens2
 from stages.sapiens2.tiny import make_tiny, random_init, tiny_config, write_checkpoint
 from stages.sapiens2.weights import parse_dtype
+from stages.tasks import TASKS
 
 SIZE = (128, 96)
 FP16_MAX = torch.finfo(torch.float16).max  # 65504
@@ -108,10 +106,6 @@ def test_other_dtypes_cast_everything(hot_dir, dtype):
 
 # --- non-finite outputs -------------------------------------------------------------------------------------------
 
-ESTIMATORS = {"pose": PoseEstimator, "seg": Segmenter, "matting": Matter, "normal": NormalEstimator,
-              "pointmap": PointmapEstimator}
-
-
 def _image(h=120, w=160):
     return np.random.default_rng(0).integers(0, 256, (h, w, 3), dtype=np.uint8)
 
@@ -122,10 +116,10 @@ def _predict(est, task):
     return est.predict(_image())
 
 
-@pytest.mark.parametrize("task", list(ESTIMATORS))
+@pytest.mark.parametrize("task", list(TASKS))
 def test_nan_weights_raise_non_finite(tmp_path, task):
     model = load_model(make_tiny(tmp_path, task, image_size=SIZE), device="cpu")
-    est = ESTIMATORS[task](model)
+    est = estimator_for(task)(model)
     _predict(est, task)  # healthy weights: fine
     with torch.no_grad():
         model.backbone.blocks[1].ffn.w3.weight[0, 0] = float("nan")

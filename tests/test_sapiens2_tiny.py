@@ -12,9 +12,9 @@ from safetensors import safe_open
 
 from stages.sapiens2 import load_model
 from stages.sapiens2.tiny import make_tiny
+from stages.tasks import TASKS
 from tests.refutil import REF_CLASS
 
-TASKS = ["pose", "seg", "matting", "normal", "pointmap"]
 SIZE = (128, 96)
 
 

@@ -12,6 +12,7 @@ import signal
 import threading
 
 from pipeline.cli.args import add_run_args, run_config
+from stages.tasks import TASKS
 
 log = logging.getLogger("sapiens2_stream")
 
@@ -25,7 +26,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     wsub = weights.add_subparsers(dest="weights_command", required=True)
     tiny = wsub.add_parser("make-tiny", help="write a small random-init checkpoint in the published layout")
     tiny.add_argument("folder")
-    tiny.add_argument("--task", required=True, choices=["pose", "seg", "matting", "normal", "pointmap"])
+    tiny.add_argument("--task", required=True, choices=list(TASKS))
     tiny.add_argument("--seed", type=int, default=0)
     tiny.set_defaults(func=cmd_make_tiny)
 

@@ -18,24 +18,29 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from sapiens2_client.endpoints import check_endpoint
+from sapiens2_client.wire import check_source_id
 
 from pipeline.cli.options import option, parse_auto_bool, parse_checkpoint, parse_size
 from pipeline.cli.sourcespecs import SourceSpec, name_sources
 from pipeline.mocap.options import MocapFields
-from sapiens2_client.endpoints import check_endpoint
-from sapiens2_client.wire import check_source_id
 from stages.errors import ConfigError
-from stages.sapiens2.config import TASKS
 from stages.sapiens2.switches import ATTENTION_NAMES, COMPILE_MODES, CUDA_GRAPHS
+from stages.tasks import TASKS, layers
 
 __all__ = ["ConfigError", "RunConfig", "load_config", "merge", "option"]
 
 RECORD_CODECS = ("libx264", "h264", "mpeg4", "h264_nvenc", "hevc_nvenc")  # as pipeline.sinks.recorder accepts them
-ANNOTATION_LAYERS = ("matte", "seg", "boxes", "pose", "side3d", "hud")  # side3d: the 3D inset (--keypoints3d)
 DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 AUTO_KEYS = ("channels_last", "gpu_jpeg")  # bool-or-null keys where "auto" (or null) means: decided by the device
 MAX_DET_IMGSZ = 4096  # detector input side: 6.4x the default already
 MAX_FRAGMENT_S = 60.0  # record_fragment_s: a keyframe at least every two minutes of media
+
+
+def annotation_layers() -> tuple[str, ...]:
+    """--annotate's choices, bottom-up: stages.annotate's layers, then those of tasks registered with an
+    annotator of their own (stages.tasks)."""
+    return tuple(dict.fromkeys(["matte", "seg", "boxes", "pose", "side3d", "hud", *layers()]))
 
 
 @dataclass
@@ -140,8 +145,8 @@ class RunConfig(MocapFields):  # the motion-capture keys: pipeline/mocap/options
     metrics: str | None = option(None, "serve Prometheus /metrics, /healthz and /readyz on HOST:PORT "
                                        "(e.g. 127.0.0.1:9108)")
     annotate: list[str] = option(help="comma list of the layers drawn on recorded/published frames, bottom-up, "
-                                      "from matte,seg,boxes,pose,side3d,hud (side3d: the 3D inset)",
-                                 factory=lambda: ["matte", "seg", "boxes", "pose", "side3d", "hud"])
+                                      f"from {','.join(annotation_layers())} (side3d: the 3D inset)",
+                                 factory=lambda: list(annotation_layers()))
     matte_mode: str = option("composite", "how the matte puts people on the background",
                              choices=["composite", "replace"])
     matte_background: str = option("0,177,64", "R,G,B colour or an image file behind the person (with matting; an "
@@ -202,10 +207,10 @@ class RunConfig(MocapFields):  # the motion-capture keys: pipeline/mocap/options
         unknown_ckpt = [t for t in self.checkpoints if t not in TASKS]
         if unknown_ckpt:
             raise ConfigError(f"checkpoints: unknown task {unknown_ckpt[0]!r}; choose from {', '.join(TASKS)}")
-        unknown_layers = [a for a in self.annotate if a not in ANNOTATION_LAYERS]
+        unknown_layers = [a for a in self.annotate if a not in annotation_layers()]
         if unknown_layers:
             raise ConfigError(f"annotate: unknown layer {unknown_layers[0]!r}; choose from "
-                              f"{', '.join(ANNOTATION_LAYERS)}")
+                              f"{', '.join(annotation_layers())}")
         self.validate_mocap(self.tasks)
         self.source_specs()  # names, duplicates, unknown keys
         if self.source_id is not None:

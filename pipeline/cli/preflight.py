@@ -15,14 +15,15 @@ import socket
 from pathlib import Path
 
 import numpy as np
-
-from pipeline.cli.config import ConfigError, RunConfig, flag_of
-from pipeline.cli.sourcespecs import SourceSpec, missing_file
 from sapiens2_client.display import no_display
 from sapiens2_client.jsonl import JsonlError, LineWriter
 from sapiens2_client.paths import unwritable
 from sapiens2_client.video import RECORD_SUFFIXES
+
+from pipeline.cli.config import ConfigError, RunConfig, flag_of
+from pipeline.cli.sourcespecs import SourceSpec, missing_file
 from stages.sapiens2.names import is_hub_id
+from stages.tasks import by_architecture
 
 # what Ultralytics loads as a detector (weights, its exports, or an architecture with random weights)
 DETECTOR_SUFFIXES = (".pt", ".yaml", ".yml", ".onnx", ".torchscript", ".engine", ".mlpackage", ".tflite")
@@ -133,13 +134,12 @@ def preflight(cfg: RunConfig, specs: list[SourceSpec] | None = None, *, check_so
 def _checkpoint_task(folder: Path) -> str | None:
     """The task a checkpoint folder's config.json names, when it has a readable one (else None: the
     loader says what is wrong with it)."""
-    from stages.sapiens2.config import ARCHITECTURES  # (no torch)
-
     try:
         archs = json.loads((folder / "config.json").read_text()).get("architectures") or [None]
     except (OSError, ValueError, AttributeError):
         return None
-    return ARCHITECTURES.get(archs[0]) if isinstance(archs, list) else None
+    spec = by_architecture(archs[0]) if isinstance(archs, list) and isinstance(archs[0], str) else None
+    return spec.name if spec else None
 
 
 def _check_outputs_collide(cfg: RunConfig, specs: list[SourceSpec], ids: list[str]) -> None:

@@ -33,6 +33,7 @@ from stages.annotate import MatteAnnotator, SkeletonAnnotator, compose_annotator
 from stages.keypoints3d import Lift
 from stages.metadata import load_metadata
 from stages.smoothing import KeypointSmoother
+from stages.tasks import layers
 from stages.types import FrameResult
 
 log = logging.getLogger("sapiens2_stream")
@@ -345,18 +346,18 @@ def lift_of(cfg: RunConfig) -> Lift | None:
 
 def _annotation_layers(cfg: RunConfig) -> list:
     """The configured layers whose task runs, styled from the config (matte background, threshold)."""
-    layer_task = {"matte": "matting", "seg": "seg", "pose": "pose", "boxes": "pose"}
-    layers: list = []
+    layer_task = {**layers(), "boxes": "pose"}  # (boxes: the detector runs for pose)
+    chosen: list = []
     for layer in cfg.annotate:
         if layer in layer_task and layer_task[layer] not in cfg.tasks or layer == "side3d" and not cfg.keypoints3d:
             continue
         if layer == "matte":
-            layers.append(MatteAnnotator(matte_background(cfg.matte_background), cfg.matte_mode))
+            chosen.append(MatteAnnotator(matte_background(cfg.matte_background), cfg.matte_mode))
         elif layer == "pose":
-            layers.append(SkeletonAnnotator(threshold=cfg.kpt_threshold))
+            chosen.append(SkeletonAnnotator(threshold=cfg.kpt_threshold))
         else:
-            layers.append(layer)
-    return layers
+            chosen.append(layer)
+    return chosen
 
 
 __all__ = ["assemble", "build_sinks", "run_pipeline"]

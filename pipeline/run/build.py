@@ -16,10 +16,11 @@ from pipeline.cli.config import RunConfig
 from stages.detector import Detector, DetectorError, FullFrameDetector, PersonDetector
 from stages.device import DeviceError, resolve_device
 from stages.metadata import load_metadata
-from stages.sapiens2.estimators import ESTIMATORS
+from stages.sapiens2.estimators import estimator_for
 from stages.sapiens2.fastpath import FastPath
 from stages.sapiens2.tiny import make_tiny
 from stages.sapiens2.weights import CheckpointError, cache_root, is_hub_id, load_model, locate
+from stages.tasks import TASKS
 
 log = logging.getLogger(__name__)
 
@@ -41,11 +42,6 @@ class Stages:
             est.close()
 
 
-def hub_id(task: str, size: str) -> str:
-    """Published checkpoint of a task; matting exists only at 1B."""
-    return f"facebook/sapiens2-{task}-{'1b' if task == 'matting' else size}"
-
-
 def tiny_dir(task: str) -> Path:
     return cache_root() / "tiny" / task
 
@@ -65,7 +61,7 @@ def checkpoint_sources(cfg: RunConfig) -> dict[str, Path]:
     CheckpointError naming the first that cannot be found, before any model loads."""
     found: dict[str, Path] = {}
     for task in cfg.tasks:
-        source = cfg.checkpoints.get(task, hub_id(task, cfg.model_size))
+        source = cfg.checkpoints.get(task, TASKS[task].hub_id(cfg.model_size))
         try:
             found[task] = locate(source)
         except CheckpointError as exc:
@@ -83,13 +79,13 @@ def checkpoint_sources(cfg: RunConfig) -> dict[str, Path]:
 
 
 def _input_size(task: str, cfg: RunConfig, model, notes: list[str]) -> tuple[int, int]:
-    wanted = tuple(cfg.pose_input if task == "pose" else cfg.dense_input)
+    wanted = tuple(cfg.pose_input if TASKS[task].per_person else cfg.dense_input)
     if getattr(model, "random_weights", False) and wanted == (1024, 768):
         return tuple(model.cfg.image_size)  # tiny checkpoints were built for their own small size
-    if task == "pointmap" and model.cfg.head.has_scale:
+    if TASKS[task].scale_head and model.cfg.head.has_scale:
         fixed = tuple(model.cfg.image_size)
         if wanted != fixed and wanted != (1024, 768):  # the user asked for another size: say why not
-            notes.append(f"pointmap: --dense-input {wanted[0]}x{wanted[1]} does not apply: its scale branch fixes "
+            notes.append(f"{task}: --dense-input {wanted[0]}x{wanted[1]} does not apply: its scale branch fixes "
                          f"the input at {fixed[0]}x{fixed[1]}")
         return fixed
     return wanted
@@ -112,8 +108,8 @@ def build_stages(cfg: RunConfig, device: torch.device | None = None) -> Stages:
     fastpath = fastpath_from(cfg)
     for task, path in sources.items():
         model = load_model(path, device=device, dtype=cfg.dtype)
-        kwargs = {"flip_test": cfg.flip_test, "buckets": cfg.pose_buckets} if task == "pose" else {}
-        estimators[task] = ESTIMATORS[task](model, input_size=_input_size(task, cfg, model, notes), fastpath=fastpath,
+        kwargs = {"flip_test": cfg.flip_test, "buckets": cfg.pose_buckets} if TASKS[task].per_person else {}
+        estimators[task] = estimator_for(task)(model, input_size=_input_size(task, cfg, model, notes), fastpath=fastpath,
                                             **kwargs)
     random = any(e.random_weights for e in estimators.values()) or detector.random_weights
     background = list(load_metadata().seg_class_names).index("Background")
@@ -122,7 +118,7 @@ def build_stages(cfg: RunConfig, device: torch.device | None = None) -> Stages:
 
 def tiny_fallbacks(cfg: RunConfig, sources: dict[str, Path]) -> dict[str, str]:
     """The tasks ``checkpoint_sources`` gave a tiny random checkpoint instead: task -> the one wanted."""
-    wanted = {task: str(cfg.checkpoints.get(task, hub_id(task, cfg.model_size))) for task in sources}
+    wanted = {task: str(cfg.checkpoints.get(task, TASKS[task].hub_id(cfg.model_size))) for task in sources}
     return {task: want for task, want in wanted.items()
             if sources[task] == tiny_dir(task) and want != str(sources[task])}
 

@@ -43,13 +43,14 @@ import torch
 from torch import Tensor
 
 from pipeline.run.build import Stages
-from pipeline.run.fallback import DENSE_STREAMS, MAPS_3D, PrecisionFallback
+from pipeline.run.fallback import MAPS_3D, PrecisionFallback
 from pipeline.run.streams import Carry, Clock, FrameWork, Lanes, Pending, SourceState, all_finite
 from stages.detector import ByteTracker, carry_boxes
 from stages.keypoints3d import Lift, lift, smooth3d
 from stages.sapiens2.preprocess import to_device_image, upload
 from stages.smoothing import KeypointSmoother
-from stages.types import Detections, Frame, FrameResult, Keypoints, Keypoints3D, Matte
+from stages.tasks import TASKS
+from stages.types import Detections, Frame, FrameResult, Keypoints, Keypoints3D
 
 log = logging.getLogger(__name__)
 
@@ -124,8 +125,9 @@ class FrameEngine(PrecisionFallback):
 
     def _warm(self, task: str) -> float:
         max_persons, max_frames = self._warmed
-        with self.lanes.use(dict(DENSE_STREAMS, pose="pose")[task]):
-            return self.stages.estimators[task].warmup(max_persons if task == "pose" else max_frames)
+        spec = TASKS[task]
+        with self.lanes.use(spec.stream):
+            return self.stages.estimators[task].warmup(max_persons if spec.per_person else max_frames)
 
     def forget(self, source_id: str) -> None:
         """Drop a source's tracks, smoothers and cached maps (it ended or was removed)."""
@@ -175,9 +177,9 @@ class FrameEngine(PrecisionFallback):
                 if state.tracker is not None:
                     state.tracker.reset()
         # Full-frame stages start right after the upload, before the detector has run.
-        for task, stream_name in DENSE_STREAMS:
-            if task in self.stages.estimators:
-                self._dense(pending, task, stream_name, uploaded)
+        for task in self.stages.estimators:
+            if not TASKS[task].per_person:
+                self._dense(pending, task, TASKS[task].stream, uploaded)
         t0 = time.perf_counter()
         with self.lanes.use("detect"):
             self._detect(works, uploaded)
@@ -357,11 +359,17 @@ class FrameEngine(PrecisionFallback):
                 keypoints = Keypoints.empty(num_keypoints)
                 if self.keypoints3d is not None:
                     keypoints3d = Keypoints3D.empty(num_keypoints, self.metric3d)
-        matte = Matte(out["matting"], out["matting.fg"]) if "matting" in out else None
+        fields, maps = {}, {}  # each full-frame task's result: a FrameResult field, or one of its maps
+        for task, est in self.stages.estimators.items():
+            spec = TASKS[task]
+            if not spec.per_person and task in out:
+                if spec.result is None:
+                    maps[task] = est.result(out)
+                else:
+                    fields[spec.result] = est.result(out)
         latency = {k: v for k, v in latency.items() if k != "pointmap" or work.pointmap_due}  # ran for this frame
-        return FrameResult(frame=frame, detections=det, keypoints=keypoints, seg=out.get("seg"), matte=matte,
-                           normals=out.get("normal"), pointmap=out.get("pointmap"), keypoints3d=keypoints3d,
-                           latency_ms=latency, random_weights=random_weights)
+        return FrameResult(frame=frame, detections=det, keypoints=keypoints, keypoints3d=keypoints3d, maps=maps,
+                           latency_ms=latency, random_weights=random_weights, **fields)
 
     def _keypoints3d(self, host: dict[str, np.ndarray], work: FrameWork, state: SourceState, det: Detections,
                      frame: Frame) -> Keypoints3D:

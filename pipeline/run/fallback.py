@@ -13,10 +13,10 @@ import torch
 
 from pipeline.run.streams import Clock, Pending
 from stages.sapiens2.estimators import NonFiniteOutputError
+from stages.tasks import TASKS
 
 log = logging.getLogger("pipeline.run.engine")  # the engine's own messages, whichever module says them
 
-DENSE_STREAMS = (("seg", "seg"), ("matting", "matting"), ("normal", "dense"), ("pointmap", "dense"))
 MAPS_3D = ("pointmap", "seg", "matting")  # the device maps the 3D step reads (segmentation/matte: on the person)
 
 
@@ -40,12 +40,11 @@ class PrecisionFallback:
                 log.warning("%s: float16 overflowed (non-finite output); this stage runs in bfloat16 from now on", task)
                 self._switch_to_bfloat16(task)
             redo = Pending(pending.frames, Clock(self.device))
-            stream_of = dict(DENSE_STREAMS)
             with torch.inference_mode():
-                if task == "pose":
+                if TASKS[task].per_person:
                     self._pose(redo, None, redo=True)
                 else:
-                    self._dense(redo, task, stream_of[task], None, redo=True)
+                    self._dense(redo, task, TASKS[task].stream, None, redo=True)
                     if self.keypoints3d is not None and task in MAPS_3D and "pose.xy" in pending.outputs:
                         redo.wait()  # the 3D step again, on the new maps and this step's keypoints
                         with_persons = [w for w in pending.frames if len(w.detections)]

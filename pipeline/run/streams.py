@@ -22,6 +22,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from stages.tasks import streams
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
@@ -29,8 +31,12 @@ if TYPE_CHECKING:
     from stages.smoothing import KeypointSmoother
     from stages.types import Detections, Frame
 
-STREAM_NAMES = ("upload", "detect", "seg", "matting", "dense", "pose")
 PIPELINE_DEPTH = 2  # steps in flight: the runner submits step t before it finishes step t-1
+
+
+def stream_names() -> tuple[str, ...]:
+    """The CUDA streams of a device: the upload's, the detector's and the tasks' (stages.tasks)."""
+    return ("upload", "detect", *streams())
 
 
 class Clock:
@@ -187,10 +193,10 @@ def lane_streams(device: torch.device, overlap: bool) -> dict[str, Any]:
     key = (device.index, overlap)
     if key not in _STREAMS:
         if overlap:
-            _STREAMS[key] = {n: torch.cuda.Stream(device) for n in STREAM_NAMES}
+            _STREAMS[key] = {n: torch.cuda.Stream(device) for n in stream_names()}
         else:
             one = torch.cuda.Stream(device)
-            _STREAMS[key] = dict.fromkeys(STREAM_NAMES, one)
+            _STREAMS[key] = dict.fromkeys(stream_names(), one)
     return dict(_STREAMS[key])
 
 
@@ -275,4 +281,4 @@ def all_finite(tensors: list[Tensor]) -> Tensor:
     return torch.isfinite(torch.stack([t.sum(dtype=torch.float64) for t in tensors])).all()
 
 
-__all__ = ["PIPELINE_DEPTH", "STREAM_NAMES", "Clock", "Lanes", "Pending", "StagingRing", "all_finite"]
+__all__ = ["PIPELINE_DEPTH", "Clock", "Lanes", "Pending", "StagingRing", "all_finite", "stream_names"]

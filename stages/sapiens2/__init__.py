@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .config import TASKS, ConfigError, HeadConfig, Sapiens2Config, variant
+from .config import ConfigError, HeadConfig, Sapiens2Config, variant
 
 _LAZY = {"Sapiens2": ".model", "CheckpointError": ".weights", "load_model": ".weights"}
 
@@ -20,5 +20,5 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["TASKS", "CheckpointError", "ConfigError", "HeadConfig", "Sapiens2", "Sapiens2Config", "load_model",
+__all__ = ["CheckpointError", "ConfigError", "HeadConfig", "Sapiens2", "Sapiens2Config", "load_model",
            "variant"]

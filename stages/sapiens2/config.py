@@ -11,19 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ConfigError
-
-TASKS = ("pose", "seg", "matting", "normal", "pointmap")
-
-# The class name transformers writes into config.json["architectures"], per task.
-ARCHITECTURES = {
-    "Sapiens2ForPoseEstimation": "pose",
-    "Sapiens2ForSemanticSegmentation": "seg",
-    "Sapiens2ForImageMatting": "matting",
-    "Sapiens2ForNormalEstimation": "normal",
-    "Sapiens2ForPointmapEstimation": "pointmap",
-}
-TASK_ARCHITECTURE = {task: arch for arch, task in ARCHITECTURES.items()}
-DEFAULT_NUM_LABELS = {"pose": 308, "seg": 29, "matting": 4, "normal": 3, "pointmap": 3}
+from ..tasks import TASKS, get_task
 
 
 @dataclass
@@ -142,17 +130,19 @@ BACKBONES = {
 }
 
 
-def default_head(task: str, hidden: int) -> HeadConfig:
-    """Head layouts used when no config.json says otherwise (make-tiny and the variant table)."""
-    if task == "pose":
-        return HeadConfig([768, 768], [4, 4], [768, 768], [1, 1])
-    if task == "seg":
-        return HeadConfig([512, 256, 128, 64], [4] * 4, [64, 64], [1, 1])
-    head = HeadConfig([512, 256, 128, 64], [3] * 4, [64, 64], [3, 3], use_pixel_shuffle=True)
-    if task == "pointmap":
-        head.scale_conv_out_channels = [256, 128, 64]
-        head.scale_conv_kernel_sizes = [3, 3, 3]
-        head.scale_final_hidden_sizes = [128, 64]
+def default_head(task: str, hidden: int, channels: tuple[int, ...] | None = None) -> HeadConfig:
+    """The head layout of a task (its registry entry) when no config.json says otherwise: the published
+    one, or with ``channels`` for the upsampling blocks (make-tiny)."""
+    spec = get_task(task)
+    up = list(channels or spec.upsample)
+    shuffle = spec.head == "pixel_shuffle"
+    head = HeadConfig(up, [3 if shuffle else 4] * len(up), [up[-1]] * 2, [3 if shuffle else 1] * 2,
+                      use_pixel_shuffle=shuffle)
+    if spec.scale_head:
+        published = channels is None
+        head.scale_conv_out_channels = [256, 128, 64] if published else [16, 16]
+        head.scale_conv_kernel_sizes = [3] * len(head.scale_conv_out_channels)
+        head.scale_final_hidden_sizes = [128, 64] if published else [32, 16]
     return head
 
 
@@ -167,7 +157,7 @@ def variant(task: str, size: str, **overrides: Any) -> Sapiens2Config:
         num_hidden_layers=layers,
         num_attention_heads=heads,
         intermediate_size=4 * hidden,
-        num_labels=DEFAULT_NUM_LABELS[task],
+        num_labels=get_task(task).num_labels,
         head=default_head(task, hidden),
     )
     kwargs.update(overrides)

@@ -7,16 +7,8 @@ from typing import Any
 
 from torch import Tensor
 
-from .config import (
-    ARCHITECTURES,
-    BACKBONES,
-    DEFAULT_NUM_LABELS,
-    TASK_ARCHITECTURE,
-    ConfigError,
-    HeadConfig,
-    Sapiens2Config,
-)
-from .remap import PREDICTOR
+from ..tasks import TASKS, by_architecture
+from .config import BACKBONES, ConfigError, HeadConfig, Sapiens2Config
 
 _INT_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
 _OPTIONAL = {
@@ -53,9 +45,11 @@ def config_from_json(data: Any, where: str = "config.json") -> Sapiens2Config:
     if data.get("model_type") not in (None, "sapiens2"):
         raise ConfigError(f"{where}: model_type is {data.get('model_type')!r}, not a Sapiens2 checkpoint")
     archs = data.get("architectures")
-    if not archs or not isinstance(archs, list) or archs[0] not in ARCHITECTURES:
-        raise ConfigError(f"{where}: field 'architectures' must name one of {', '.join(ARCHITECTURES)}, got {archs!r}")
-    task = ARCHITECTURES[archs[0]]
+    spec = by_architecture(archs[0]) if archs and isinstance(archs, list) else None
+    if spec is None:
+        names = ", ".join(s.architecture for s in TASKS.values())
+        raise ConfigError(f"{where}: field 'architectures' must name one of {names}, got {archs!r}")
+    task = spec.name
     for key in _INT_FIELDS:
         if key not in data:
             raise ConfigError(f"{where}: missing required field {key!r}")
@@ -84,7 +78,7 @@ def config_from_json(data: Any, where: str = "config.json") -> Sapiens2Config:
     if isinstance(labels, dict) and labels:
         num_labels = len(labels)
     else:
-        num_labels = data.get("num_labels", DEFAULT_NUM_LABELS[task])
+        num_labels = data.get("num_labels", spec.num_labels)
     image_size = data.get("image_size", [1024, 768])
     if isinstance(image_size, int):
         image_size = [image_size, image_size]
@@ -132,7 +126,7 @@ def config_to_json(cfg: Sapiens2Config, flip_pairs: list[list[int]] | None = Non
                     scale_final_hidden_sizes=hc.scale_final_hidden_sizes,
                     scale_final_input_size=hc.scale_final_input_size)
     return {
-        "architectures": [TASK_ARCHITECTURE[cfg.task]], "model_type": "sapiens2",
+        "architectures": [TASKS[cfg.task].architecture], "model_type": "sapiens2",
         "hidden_size": cfg.hidden_size, "num_hidden_layers": cfg.num_hidden_layers,
         "num_attention_heads": cfg.num_attention_heads, "intermediate_size": cfg.intermediate_size,
         "num_key_value_heads_per_layer": list(cfg.num_key_value_heads_per_layer),
@@ -154,11 +148,10 @@ def infer_config(sd: dict[str, Tensor], where: str, image_size: tuple[int, int] 
             raise ConfigError(f"{where}: cannot infer the architecture: tensor {key!r} is missing")
         return sd[key]
 
-    tasks = [t for t, name in PREDICTOR.items() if f"decode_head.{name}.weight" in sd]
+    tasks = [t for t, spec in TASKS.items() if f"decode_head.{spec.predictor}.weight" in sd]
     if len(tasks) != 1:
-        raise ConfigError(
-            f"{where}: cannot tell the task: expected one of decode_head.conv_{{pose,seg,matting,normal,pointmap}}"
-        )
+        names = ",".join(TASKS)
+        raise ConfigError(f"{where}: cannot tell the task: expected one of decode_head.conv_{{{names}}}")
     task = tasks[0]
     proj = need("backbone.patch_embed.projection.weight")  # (D, 3, p, p)
     hidden, patch = proj.shape[0], proj.shape[-1]
@@ -203,7 +196,7 @@ def infer_config(sd: dict[str, Tensor], where: str, image_size: tuple[int, int] 
             query_bias=b0 + "attn.wq.bias" in sd, key_bias=b0 + "attn.wk.bias" in sd,
             value_bias=b0 + "attn.wv.bias" in sd, proj_bias=b0 + "attn.proj.bias" in sd,
             mlp_bias=b0 + "ffn.w12.bias" in sd, use_qk_norm=b0 + "attn.q_norm.weight" in sd,
-            num_labels=sd[f"decode_head.{PREDICTOR[task]}.weight"].shape[0], head=head,
+            num_labels=sd[f"decode_head.{TASKS[task].predictor}.weight"].shape[0], head=head,
         )
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..tasks import get_task
 from ..types import Keypoints, Matte
 from .buckets import bucket, bucket_sizes
 from .config import check_image_size
@@ -295,6 +296,10 @@ class _FrameEstimator(_Estimator):
             check_finite(tensor, self.task)
         return {name: t.cpu().numpy() for name, t in outputs.items()}
 
+    def result(self, outputs: dict[str, np.ndarray]) -> object:
+        """What this task gives a FrameResult, from its named host outputs (default: the map of its name)."""
+        return outputs[self.task]
+
 
 class _FullFrameEstimator(_FrameEstimator):
     """Segmentation and matting: the whole frame resized to the input (aspect not kept)."""
@@ -316,7 +321,7 @@ class Segmenter(_FullFrameEstimator):
         return self.predict_host(image)["seg"]
 
 
-class Matter(_FullFrameEstimator):
+class MattingEstimator(_FullFrameEstimator):
     """Human matting: alpha and premultiplied foreground of the full frame."""
 
     task = "matting"
@@ -325,10 +330,12 @@ class Matter(_FullFrameEstimator):
         alpha, fg = matting_maps(raw[0], frame_hw)
         return {"matting": alpha[0], "matting.fg": fg[0].permute(1, 2, 0).contiguous()}  # (H, W), (H, W, 3)
 
+    def result(self, outputs: dict[str, np.ndarray]) -> Matte:
+        return Matte(outputs["matting"], outputs["matting.fg"])
+
     def predict(self, image: np.ndarray) -> Matte:
         """image (H, W, 3) uint8 RGB -> Matte(alpha (H, W) in [0, 1], foreground (H, W, 3))."""
-        out = self.predict_host(image)
-        return Matte(out["matting"], out["matting.fg"])
+        return self.result(self.predict_host(image))
 
     @staticmethod
     def composite(matte: Matte, background: np.ndarray) -> np.ndarray:
@@ -374,5 +381,6 @@ class PointmapEstimator(_DenseEstimator):
         return {"pointmap": pointmaps(maps, scale, frame_hw, self.input_size)[0].permute(1, 2, 0).contiguous()}
 
 
-ESTIMATORS = {"pose": PoseEstimator, "seg": Segmenter, "matting": Matter, "normal": NormalEstimator,
-              "pointmap": PointmapEstimator}
+def estimator_for(task: str) -> type[_Estimator]:
+    """The estimator class of a task (``stages.tasks``)."""
+    return get_task(task).estimator_class()

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..tasks import get_task
 from .config import Sapiens2Config
 
 
@@ -258,6 +259,7 @@ class Sapiens2(nn.Module):
         self.cfg = cfg
         self.backbone = Backbone(cfg)
         self.decode_head = Head(cfg)
+        self.activation = get_task(cfg.task).activation  # on the head's maps (matting: sigmoid)
         self.channels_last = False  # decode head in NHWC (see set_channels_last)
 
     @property
@@ -297,6 +299,6 @@ class Sapiens2(nn.Module):
         if self.channels_last:
             features = features.contiguous(memory_format=torch.channels_last)
         maps, scale = self.decode_head(features)
-        if self.cfg.task == "matting":
-            maps = maps.sigmoid()  # (B, 4, H, W): premultiplied RGB foreground + alpha
+        if self.activation == "sigmoid":
+            maps = maps.sigmoid()  # matting: (B, 4, H, W) premultiplied RGB foreground + alpha
         return maps, scale

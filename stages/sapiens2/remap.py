@@ -15,10 +15,9 @@ import re
 import torch
 from torch import Tensor
 
+from ..tasks import TASKS
 from .config import Sapiens2Config
 
-PREDICTOR = {"pose": "conv_pose", "seg": "conv_seg", "matting": "conv_matting", "normal": "conv_normal",
-             "pointmap": "conv_pointmap"}
 # Keys real files may carry that the model does not need (RoPE periods are recomputed; the mask
 # token only serves masked-image pretraining).
 IGNORED = re.compile(r"(^|\.)(periods|mask_token)$")
@@ -88,14 +87,14 @@ def _rename_reference_key(key: str, task: str, pixel_shuffle: bool) -> str:
             return f"decode_head.upsample_blocks.{i}.0.{rest}"
         return f"decode_head.deconv_layers.{3 * i}.{rest}"
     if key.startswith("decode_head.predictor."):
-        return key.replace("decode_head.predictor.", f"decode_head.{PREDICTOR[task]}.")
+        return key.replace("decode_head.predictor.", f"decode_head.{TASKS[task].predictor}.")
     return key  # unknown keys pass through and are reported by the strict load
 
 
 def normalise_original(sd: dict[str, Tensor], cfg: Sapiens2Config) -> dict[str, Tensor]:
     """Published names -> our names before fusion: predictor renamed, ignorable keys dropped."""
     out: dict[str, Tensor] = {}
-    predictor = f"decode_head.{PREDICTOR[cfg.task]}."
+    predictor = f"decode_head.{TASKS[cfg.task].predictor}."
     for key, value in sd.items():
         if IGNORED.search(key):
             continue
@@ -158,6 +157,6 @@ def original_to_ours(sd: dict[str, Tensor], cfg: Sapiens2Config) -> dict[str, Te
 def ours_to_original(sd: dict[str, Tensor], cfg: Sapiens2Config) -> dict[str, Tensor]:
     """Our names -> published names, for writing checkpoints in the real layout."""
     sd = split_qkv(sd, cfg)
-    predictor = f"decode_head.{PREDICTOR[cfg.task]}."
+    predictor = f"decode_head.{TASKS[cfg.task].predictor}."
     return {(predictor + k[len("decode_head.predictor."):] if k.startswith("decode_head.predictor.") else k): v
             for k, v in sd.items()}

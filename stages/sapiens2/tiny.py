@@ -16,7 +16,8 @@ import torch
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
-from .config import DEFAULT_NUM_LABELS, HeadConfig, Sapiens2Config
+from ..tasks import get_task
+from .config import Sapiens2Config, default_head
 from .configjson import config_to_json
 from .model import Attention, LayerScale, RMSNorm, Sapiens2
 from .remap import ours_to_original
@@ -27,19 +28,11 @@ def tiny_config(task: str, hidden: int = 64, layers: int = 4, heads: int = 4, re
                 image_size: tuple[int, int] = (256, 192)) -> Sapiens2Config:
     """A few-MB architecture of the same shape family as the published ones (GQA in the middle)."""
     kv = [heads if (i == 0 or i == layers - 1) else heads // 2 for i in range(layers)]
-    if task == "pose":
-        head = HeadConfig([32, 32], [4, 4], [32, 32], [1, 1])
-    elif task == "seg":
-        head = HeadConfig([32, 32, 16, 16], [4] * 4, [16, 16], [1, 1])
-    else:
-        head = HeadConfig([32, 32, 16, 16], [3] * 4, [16, 16], [3, 3], use_pixel_shuffle=True)
-        if task == "pointmap":
-            head.scale_conv_out_channels, head.scale_conv_kernel_sizes = [16, 16], [3, 3]
-            head.scale_final_hidden_sizes = [32, 16]
+    head = default_head(task, hidden, (32, 32, 16, 16)[:len(get_task(task).upsample)])
     return Sapiens2Config(task=task, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
                           intermediate_size=2 * hidden, num_key_value_heads_per_layer=kv,
                           num_register_tokens=registers, image_size=image_size,
-                          num_labels=DEFAULT_NUM_LABELS[task], head=head)
+                          num_labels=get_task(task).num_labels, head=head)
 
 
 @torch.no_grad()

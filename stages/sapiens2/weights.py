@@ -22,6 +22,7 @@ from safetensors import safe_open
 from torch import Tensor
 
 from ..device import resolve_device
+from ..tasks import TASKS
 from .config import ConfigError, Sapiens2Config
 from .configjson import config_from_json, infer_config
 from .model import Sapiens2
@@ -158,12 +159,14 @@ def load_state(source: str | os.PathLike, image_size: tuple[int, int] | None = N
 
 def _reference_task(sd: dict[str, Tensor], path: Path) -> str:
     """Task of a bare in-memory-layout file: from the predictor's output channels and head kind."""
-    if any(k.startswith("scale_head.") for k in sd):
-        return "pointmap"
+    scale = any(k.startswith("scale_head.") for k in sd)
     out = sd.get("decode_head.predictor.weight")
     if out is None:
         raise CheckpointError(f"{path}: no decode_head.predictor; cannot tell the task")
-    by_labels = {308: "pose", 29: "seg", 4: "matting", 3: "normal"}
+    by_labels = {}  # the first task of the registry with this many channels (and a scale head or not)
+    for spec in reversed(TASKS.values()):
+        if spec.scale_head == scale:
+            by_labels[spec.num_labels] = spec.name
     if out.shape[0] not in by_labels:
         raise CheckpointError(f"{path}: cannot tell the task of a {out.shape[0]}-channel head; add a config.json")
     return by_labels[out.shape[0]]
