@@ -56,7 +56,7 @@ from bench.harness import (  # noqa: E402
     wait_quiet,
 )
 from pipeline.run.build import Stages  # noqa: E402
-from pipeline.run.engine import Clock, FrameEngine, FrameWork, Pending  # noqa: E402
+from pipeline.run.engine import Clock, FrameEngine, FrameInFlight, Pending  # noqa: E402
 from pipeline.run.runner import Runner  # noqa: E402
 from pipeline.sinks.jsonl import result_to_record  # noqa: E402
 from pipeline.sinks.publisher import ZmqPublisher  # noqa: E402
@@ -263,7 +263,7 @@ def bench_plumbing(r: Report, images: list[np.ndarray], device: torch.device, rn
 
     def finish_dense() -> None:
         f = frame()
-        work = FrameWork(f, to_device_image(f.image, device), det.detect(f.image),
+        work = FrameInFlight(f, to_device_image(f.image, device), det.detect(f.image),
                          outputs={"seg": seg, "matting": alpha, "matting.fg": fg})
         seg_engine.finish(Pending([work], Clock(device)), True)
 

@@ -276,7 +276,7 @@ def phase_compile(ctx: Ctx) -> None:
     from stages.sapiens2.fastpath import FastPath
 
     mode = "default"
-    ctx.say(f"\n## Lanes with a compiled pose stage (compile {mode} + CUDA graphs), {ctx.model('0.4b')}, "
+    ctx.say(f"\n## Streams with a compiled pose stage (compile {mode} + CUDA graphs), {ctx.model('0.4b')}, "
             f"{ctx.precision}, 4 persons\n")
     model = load_model(ctx.ckpt("pose"), device=ctx.device, dtype=ctx.dtype)
     compiled = PoseEstimator(model, input_size=ctx.size, fastpath=FastPath(compile=mode))
@@ -284,7 +284,7 @@ def phase_compile(ctx: Ctx) -> None:
     h, w = ctx.frame
     detector = TimedDetector(ctx, person_boxes(4, w, h))
     engine = FrameEngine(Stages(ctx.device, detector, {"pose": compiled, "seg": seg}))
-    with torch.inference_mode(), engine.lanes.use("pose"), smoke_compile(ctx):  # where the engine replays it
+    with torch.inference_mode(), engine.streams.use("pose"), smoke_compile(ctx):  # where the engine replays it
         crops = torch.randn(4, 3, *ctx.size, device=ctx.device)
         _run(compiled, crops)
         ctx.say(f"compiling pose x4 in the background ({ctx.left_s():.0f} s left before the watchdog) ...")
@@ -386,13 +386,13 @@ def warm_reachable(engine, persons: int) -> None:
     from stages.sapiens2.buckets import bucket
 
     pose = engine.stages.estimators["pose"]
-    with torch.inference_mode(), engine.lanes.use("pose"):
+    with torch.inference_mode(), engine.streams.use("pose"):
         crops = torch.zeros(bucket(persons), 3, *pose.input_size, device=pose.device)  # float32, as crops are
         for _ in range(2 if pose.fastpath.graphs else 1):  # as it is, then captured
             pose.infer(crops, persons)
     for task, est in engine.stages.estimators.items():
         if task != "pose":
-            with engine.lanes.use(TASKS[task].stream):
+            with engine.streams.use(TASKS[task].stream):
                 est.warmup(1)
 
 

@@ -65,7 +65,7 @@ def test_device_bench_smoke_runs_every_phase(tmp_path: Path) -> None:
     for heading in ("Versions", "Plan: time budget 510 s", "Checkpoints", "Correctness on the device", "Model forward",
                     "Eager vs CUDA graphs vs compiled", "End to end: `sapiens2-stream` on the demo clip",
                     "Start-up of a compiled run", "Host synchronisations", "Our path vs the reference", "End to end",
-                    "Fast-path switches", "Transfers and encoders", "Lanes with a compiled pose stage",
+                    "Fast-path switches", "Transfers and encoders", "Streams with a compiled pose stage",
                     "Many sources, one process", "## Phases"):
         assert heading in report, heading
     # Versions of every package the phases use, in both files.

@@ -26,7 +26,7 @@ import torch
 import pipeline.run.streams
 from pipeline.run.build import Stages
 from pipeline.run.engine import FrameEngine
-from pipeline.run.streams import Clock, Lanes
+from pipeline.run.streams import Clock, Streams
 from stages.keypoints3d import Lift
 from stages.sapiens2 import load_model
 from stages.sapiens2.estimators import estimator_for
@@ -125,18 +125,18 @@ def test_a_pipelined_cuda_run_gives_the_cpu_results_without_a_device_wide_sync(e
 
 def test_every_lane_that_reads_the_frame_waits_for_its_upload(estimators: dict, gpu: FakeGpu) -> None:
     engine = _engine(estimators, CUDA)
-    lanes = engine.lanes.streams
+    streams = engine.streams.cuda_streams
     pending = engine.submit_batch(_step(0))
-    uploaded = next(e for kind, s, e in reversed(gpu.calls("record")) if s is lanes["upload"])
+    uploaded = next(e for kind, s, e in reversed(gpu.calls("record")) if s is streams["upload"])
     frames = {w.image.untyped_storage().data_ptr() for w in pending.frames}
     for lane in ("seg", "dense", "pose"):  # segmentation, the pointmap, pose: each reads the uploaded frames
-        queued = lanes[lane].items
+        queued = streams[lane].items
         assert queued[0] == ("wait", uploaded), f"{lane} queued work before waiting for the upload"
-        kept = {ptr for kind, stream, ptr in gpu.calls("record_stream") if stream is lanes[lane]}
+        kept = {ptr for kind, stream, ptr in gpu.calls("record_stream") if stream is streams[lane]}
         assert frames <= kept, f"{lane} reads frames the allocator could hand out again under it"
     for event in pending.dense_done:  # the 3D step on the pose lane reads the dense maps: after them
-        assert ("wait", lanes["pose"], event) in gpu.log
-        assert event.stream in (lanes["seg"], lanes["dense"])
+        assert ("wait", streams["pose"], event) in gpu.log
+        assert event.stream in (streams["seg"], streams["dense"])
     engine.finish_batch(pending, False)
 
 
@@ -163,7 +163,7 @@ def test_pageable_memory_and_one_stream_give_the_same_results(estimators: dict, 
     benchmark's baseline): every lane is one stream, in order."""
     want = _cpu_results(estimators, 2)
     engine = _engine(estimators, CUDA, pinned=pinned, overlap=overlap)
-    assert len({id(s) for s in engine.lanes.streams.values()}) == (6 if overlap else 1)
+    assert len({id(s) for s in engine.streams.cuda_streams.values()}) == (6 if overlap else 1)
     got = []
     for i in range(2):
         pending = engine.submit_batch(_step(i))
@@ -179,10 +179,10 @@ def test_pageable_memory_and_one_stream_give_the_same_results(estimators: dict, 
 
 # -- the pieces ------------------------------------------------------------------------------
 def test_the_staging_ring_reuses_a_buffer_only_after_the_device_read_it(gpu: FakeGpu) -> None:
-    lanes = Lanes(CUDA, overlap=True, pinned=True)
-    ring, stream = lanes.staging, lanes.streams["upload"]
+    streams = Streams(CUDA, overlap=True, pinned=True)
+    ring, stream = streams.staging, streams.cuda_streams["upload"]
     frames = [np.full((4, 6, 3), i, np.uint8) for i in range(6)]
-    with lanes.use("upload"):
+    with streams.use("upload"):
         outs = [ring.upload(f) for f in frames[:4]]  # no copy read yet: four buffers
         assert ring.buffers() == 4
         gpu.complete(stream, stream.items.index(next(i for i in stream.items if i[0] == "record")) + 1)

@@ -181,8 +181,8 @@ def test_each_frame_becomes_a_tensor_once_per_step(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(LetterBox, "__call__", lambda self, *a, **k: (letterboxed.append(1),
                                                                      real_letterbox(self, *a, **k))[1])
     waits = []
-    real_after = engine.lanes.after
-    monkeypatch.setattr(engine.lanes, "after", lambda event, lane, *t: (waits.append((lane, len(t))),
+    real_after = engine.streams.after
+    monkeypatch.setattr(engine.streams, "after", lambda event, lane, *t: (waits.append((lane, len(t))),
                                                                         real_after(event, lane, *t)))
     engine.finish_batch(engine.submit_batch(frames), False)
     assert pictures == [(120, 160, 3)] * 2, f"pictures turned into tensors: {pictures}"  # one per frame

@@ -65,7 +65,7 @@ def test_compile_is_fullgraph(pose_dir: Path, monkeypatch: pytest.MonkeyPatch) -
 
 
 def _lanes_in_use(engine: FrameEngine, monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The engine's lanes.use recorded: the returned list holds the lanes entered, innermost last."""
+    """The engine's streams.use recorded: the returned list holds the lanes entered, innermost last."""
     current: list[str] = []
 
     @contextlib.contextmanager
@@ -76,7 +76,7 @@ def _lanes_in_use(engine: FrameEngine, monkeypatch: pytest.MonkeyPatch) -> list[
         finally:
             current.pop()
 
-    monkeypatch.setattr(engine.lanes, "use", stream)
+    monkeypatch.setattr(engine.streams, "use", stream)
     return current
 
 
@@ -104,17 +104,17 @@ def test_warm_up_runs_the_detector_on_its_lane_once_per_frame_size(pose_dir: Pat
         random_weights = False
 
         def __init__(self) -> None:
-            self.lanes: list[str] = []  # the engine's lanes in use, innermost last
+            self.streams: list[str] = []  # the engine's lanes in use, innermost last
 
         def detect_tensors(self, images):
-            seen.extend((self.lanes[-1] if self.lanes else None, tuple(im.shape), im.dtype) for im in images)
+            seen.extend((self.streams[-1] if self.streams else None, tuple(im.shape), im.dtype) for im in images)
             return [Detections.empty() for _ in images]
 
     pose = estimator_for("pose")(load_model(pose_dir, device="cpu"))
     monkeypatch.setattr(pose, "warmup", lambda n: 0.5)
     detector = DeviceDetector()
     engine = FrameEngine(Stages(torch.device("cpu"), detector, {"pose": pose}))
-    detector.lanes = _lanes_in_use(engine, monkeypatch)
+    detector.streams = _lanes_in_use(engine, monkeypatch)
     seconds = engine.warm_up(max_persons=2, frame_sizes=((48, 64), (30, 40), (48, 64)))
     assert sorted(seen) == [("detect", (3, 30, 40), torch.uint8), ("detect", (3, 48, 64), torch.uint8)]
     assert set(seconds) == {"detect", "pose"} and seconds["pose"] == 0.5

@@ -173,9 +173,9 @@ def test_the_engine_keeps_its_lanes_apart_with_cuda_graphs(monkeypatch: pytest.M
     graphed = SimpleNamespace(fastpath=FastPath(cuda_graphs="on"))
     with caplog.at_level(logging.INFO, "pipeline.run.engine"):
         engine = FrameEngine(Stages(torch.device("cuda", 0), None, {"pose": graphed, "seg": graphed}))
-    streams = engine.lanes.streams
+    streams = engine.streams.cuda_streams
     assert len({id(s) for s in streams.values()}) == len(pipeline.run.streams.stream_names())
     assert streams["detect"] is not streams["seg"] and streams["pose"] is not streams["seg"]
     assert any("overlap, the detector beside them" in r.getMessage() for r in caplog.records)
     again = FrameEngine(Stages(torch.device("cuda", 0), None, {"pose": graphed}))
-    assert again.lanes.streams == streams  # the same streams: graphs captured on them replay there
+    assert again.streams.cuda_streams == streams  # the same streams: graphs captured on them replay there

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.run.streams import PIPELINE_DEPTH, Lanes, StagingRing
+from pipeline.run.streams import PIPELINE_DEPTH, StagingRing, Streams
 from stages.sapiens2.preprocess import to_device_image, upload
 
 
@@ -100,7 +100,7 @@ def test_the_engine_lanes_stage_uploads_through_a_ring(monkeypatch: pytest.Monke
 
     monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: object())
     monkeypatch.setattr(pipeline.run.streams, "_STREAMS", {})  # no stand-in streams left for later tests
-    lanes = Lanes(torch.device("cuda"), overlap=True, pinned=True)
-    assert isinstance(lanes.staging, StagingRing) and lanes.staging.depth == PIPELINE_DEPTH + 1
-    assert Lanes(torch.device("cuda"), overlap=True, pinned=False).staging is None  # pageable: the host waits
-    assert Lanes(torch.device("cpu"), overlap=True, pinned=True).staging is None  # a CPU upload is a view
+    streams = Streams(torch.device("cuda"), overlap=True, pinned=True)
+    assert isinstance(streams.staging, StagingRing) and streams.staging.depth == PIPELINE_DEPTH + 1
+    assert Streams(torch.device("cuda"), overlap=True, pinned=False).staging is None  # pageable: the host waits
+    assert Streams(torch.device("cpu"), overlap=True, pinned=True).staging is None  # a CPU upload is a view

@@ -44,7 +44,15 @@ from torch import Tensor
 
 from pipeline.run.build import Stages
 from pipeline.run.fallback import MAPS_3D, PrecisionFallback
-from pipeline.run.streams import Carry, Clock, FrameWork, Lanes, Pending, SourceState, all_finite
+from pipeline.run.streams import (
+    Carry,
+    Clock,
+    FrameInFlight,
+    Pending,
+    SourceState,
+    Streams,
+    all_finite,
+)
 from stages.detector import ByteTracker, carry_boxes
 from stages.keypoints3d import Lift, lift, smooth3d
 from stages.sapiens2.preprocess import to_device_image, upload
@@ -94,8 +102,8 @@ class FrameEngine(PrecisionFallback):
             log.info("CUDA graphs (%s): each stage's captured and replayed on its own stream, in its own memory "
                      "pool; the stages %s", ", ".join(graphs),
                      "overlap, the detector beside them" if overlap else "run in order on one stream (overlap off)")
-        self.lanes = Lanes(self.device, overlap, pinned)  # overlap off: one stream (a baseline)
-        staging = self.lanes.staging
+        self.streams = Streams(self.device, overlap, pinned)  # overlap off: one stream (a baseline)
+        staging = self.streams.staging
         self._staging = None if staging is None else staging.upload  # reused page-locked buffers (CUDA)
 
     # -- set-up ---------------------------------------------------------------------------
@@ -110,7 +118,7 @@ class FrameEngine(PrecisionFallback):
         detector = self.stages.detector
         if frame_sizes and hasattr(detector, "detect_tensors"):
             t0 = time.perf_counter()
-            with self.lanes.use("detect"):
+            with self.streams.use("detect"):
                 for h, w in sorted(set(frame_sizes)):
                     image = np.zeros((h, w, 3), np.uint8)
                     frame = to_device_image(image, self.device, False)
@@ -126,7 +134,7 @@ class FrameEngine(PrecisionFallback):
     def _warm(self, task: str) -> float:
         max_persons, max_frames = self._warmed
         spec = TASKS[task]
-        with self.lanes.use(spec.stream):
+        with self.streams.use(spec.stream):
             return self.stages.estimators[task].warmup(max_persons if spec.per_person else max_frames)
 
     def forget(self, source_id: str) -> None:
@@ -161,12 +169,12 @@ class FrameEngine(PrecisionFallback):
     def submit_batch(self, frames: list[Frame]) -> Pending:
         """Queue all device work of one step (one frame per source) and return without waiting."""
         clock = Clock(self.device)
-        with self.lanes.use("upload"):
-            clock.start("upload", self.lanes.get("upload"))
-            works = [FrameWork(f, to_device_image(f.image, self.device, self.pinned, self._staging),
+        with self.streams.use("upload"):
+            clock.start("upload", self.streams.get("upload"))
+            works = [FrameInFlight(f, to_device_image(f.image, self.device, self.pinned, self._staging),
                                Detections.empty()) for f in frames]
-            clock.stop("upload", self.lanes.get("upload"))
-        uploaded = self.lanes.event("upload")
+            clock.stop("upload", self.streams.get("upload"))
+        uploaded = self.streams.event("upload")
         pending = Pending(works, clock, dtypes={t: e.model.dtype for t, e in self.stages.estimators.items()})
         for work in works:
             state = self.state(work.frame.source_id)
@@ -181,7 +189,7 @@ class FrameEngine(PrecisionFallback):
             if not TASKS[task].per_person:
                 self._dense(pending, task, TASKS[task].stream, uploaded)
         t0 = time.perf_counter()
-        with self.lanes.use("detect"):
+        with self.streams.use("detect"):
             self._detect(works, uploaded)
         if getattr(self.stages.detector, "kind", None) != "full-frame":  # no detector runs: no time to show
             pending.host_ms["detect"] = (time.perf_counter() - t0) * 1000.0
@@ -191,9 +199,9 @@ class FrameEngine(PrecisionFallback):
 
     def _dense(self, pending: Pending, task: str, stream_name: str, uploaded, redo: bool = False) -> None:
         est = self.stages.estimators[task]
-        with self.lanes.use(stream_name):
+        with self.streams.use(stream_name):
             for work in pending.frames:
-                self.lanes.after(uploaded, stream_name, work.image)
+                self.streams.after(uploaded, stream_name, work.image)
             if task != "pointmap":
                 due = list(pending.frames)
             elif redo:  # the same frames as the first time (the counters have moved on already)
@@ -203,17 +211,17 @@ class FrameEngine(PrecisionFallback):
             per_frame, checked = [], []
             if due:  # a step that reuses every pointmap reports no pointmap time (the stage did not run)
                 clock = pending.clock
-                clock.start(task, self.lanes.get(stream_name))
+                clock.start(task, self.streams.get(stream_name))
                 per_frame, checked = est.run_batch([w.image for w in due])
-                clock.stop(task, self.lanes.get(stream_name))
+                clock.stop(task, self.streams.get(stream_name))
             if checked:
-                self.lanes.download(pending, pending.outputs, f"{task}.finite", all_finite(checked), stream_name)
+                self.streams.download(pending, pending.outputs, f"{task}.finite", all_finite(checked), stream_name)
             for work, outputs in zip(due, per_frame):
                 before = work.maps.get(task)
                 for name, tensor in outputs.items():
                     if name in MAPS_3D:
                         work.maps[name] = tensor
-                    self.lanes.download(pending, work.outputs, name, tensor, stream_name)
+                    self.streams.download(pending, work.outputs, name, tensor, stream_name)
                 state = self.state(work.frame.source_id)
                 if task == "pointmap" and (not redo or state.pointmap is before):  # not if a later step's is kept
                     state.pointmap, state.pointmap_host = outputs["pointmap"], work.outputs["pointmap"]
@@ -223,9 +231,9 @@ class FrameEngine(PrecisionFallback):
                         state = self.state(work.frame.source_id)
                         work.maps["pointmap"], work.outputs["pointmap"] = state.pointmap, state.pointmap_host
             if self.cuda:
-                pending.dense_done.append(self.lanes.event(stream_name))
+                pending.dense_done.append(self.streams.event(stream_name))
 
-    def _pointmap_due(self, frames: list[FrameWork]) -> list[FrameWork]:
+    def _pointmap_due(self, frames: list[FrameInFlight]) -> list[FrameInFlight]:
         """The frames whose source runs its pointmap forward now (every ``pointmap_every``-th frame)."""
         due = []
         for work in frames:
@@ -239,7 +247,7 @@ class FrameEngine(PrecisionFallback):
                 state.since_pointmap += 1
         return due
 
-    def _detect(self, works: list[FrameWork], uploaded) -> None:
+    def _detect(self, works: list[FrameInFlight], uploaded) -> None:
         """Detector for the frames that are due (one batch), carried boxes for the others. A detector
         that takes device frames (``detect_tensors``) gets the uploaded ones: each frame crosses the bus once."""
         due = []
@@ -256,7 +264,7 @@ class FrameEngine(PrecisionFallback):
                 due.append(work)
         detector, found = self.stages.detector, []
         if due and _takes_device_frames(detector, due[0].image):
-            self.lanes.after(uploaded, "detect", *(w.image for w in due))
+            self.streams.after(uploaded, "detect", *(w.image for w in due))
             found = detector.detect_tensors([w.image for w in due])
         elif due:
             found = detector.detect_batch([w.frame.image for w in due])
@@ -266,9 +274,9 @@ class FrameEngine(PrecisionFallback):
 
     def _pose(self, pending: Pending, uploaded, redo: bool = False) -> None:
         pose = self.stages.estimators["pose"]
-        with self.lanes.use("pose"):
-            self.lanes.after(uploaded, "pose", *(w.image for w in pending.frames))
-            pending.clock.start("pose", self.lanes.get("pose"))
+        with self.streams.use("pose"):
+            self.streams.after(uploaded, "pose", *(w.image for w in pending.frames))
+            pending.clock.start("pose", self.streams.get("pose"))
             wh, start = [], 0
             with_persons = [w for w in pending.frames if len(w.detections)]
             for work in pending.frames:
@@ -289,7 +297,7 @@ class FrameEngine(PrecisionFallback):
             # Crops extend 25% beyond the box, so the model may place a keypoint off-image; the
             # stream's consumers get in-frame coordinates (the score says how sure it is).
             xy = torch.minimum(xy.clamp(min=0.0), (wh_t - 1.0)[:, None, :])  # (P, K, 2)
-            pending.clock.stop("pose", self.lanes.get("pose"))
+            pending.clock.stop("pose", self.streams.get("pose"))
             if self.detect_every > 1 and not redo:  # a redo's boxes are older than the carry of the next step
                 carried = carry_boxes(xy, scores, self.kpt_threshold, wh_t, boxes_t)  # (P, 4), on the device
                 for work in pending.frames:
@@ -297,30 +305,30 @@ class FrameEngine(PrecisionFallback):
                         state = self.state(work.frame.source_id)
                         state.carry = Carry(carried[work.persons], work.detections.scores,
                                             work.detections.track_ids)
-            self.lanes.download(pending, pending.outputs, "pose.finite", finite, "pose")
-            self.lanes.download(pending, pending.outputs, "pose.xy", xy, "pose")
-            self.lanes.download(pending, pending.outputs, "pose.scores", scores, "pose")
-            self.lanes.download(pending, pending.outputs, "pose.boxes", boxes_t, "pose")
+            self.streams.download(pending, pending.outputs, "pose.finite", finite, "pose")
+            self.streams.download(pending, pending.outputs, "pose.xy", xy, "pose")
+            self.streams.download(pending, pending.outputs, "pose.scores", scores, "pose")
+            self.streams.download(pending, pending.outputs, "pose.boxes", boxes_t, "pose")
             if self.keypoints3d is not None:
                 self._lift(pending, with_persons, xy, scores)
 
-    def _lift(self, pending: Pending, works: list[FrameWork], xy: Tensor, scores: Tensor) -> None:
+    def _lift(self, pending: Pending, works: list[FrameInFlight], xy: Tensor, scores: Tensor) -> None:
         """Sample each frame's pointmap at its persons' keypoints (on the pose stream, after the
         step's dense stages), one frame at a time (frames may differ in size)."""
-        self.lanes.after_all(pending.dense_done, "pose")
-        pending.clock.start("keypoints3d", self.lanes.get("pose"))
+        self.streams.after_all(pending.dense_done, "pose")
+        pending.clock.start("keypoints3d", self.streams.get("pose"))
         background = int(self.stages.background_id)
         parts = []
         for work in works:
             rows = work.persons
             maps = work.maps
-            self.lanes.in_use("pose", *maps.values())
+            self.streams.in_use("pose", *maps.values())
             parts.append(lift(maps["pointmap"], xy[rows], scores[rows], self.keypoints3d, maps.get("seg"),
                               maps.get("matting"), background))
         xyz, valid, root, root_valid = (torch.cat(t) for t in zip(*parts))
-        pending.clock.stop("keypoints3d", self.lanes.get("pose"))
+        pending.clock.stop("keypoints3d", self.streams.get("pose"))
         for name, tensor in (("xyz", xyz), ("xyz_valid", valid), ("root", root), ("root_valid", root_valid)):
-            self.lanes.download(pending, pending.outputs, f"pose.{name}", tensor, "pose")
+            self.streams.download(pending, pending.outputs, f"pose.{name}", tensor, "pose")
 
     # -- finishing ------------------------------------------------------------------------
     def finish_batch(self, pending: Pending, random_weights: bool) -> list[FrameResult]:
@@ -334,7 +342,7 @@ class FrameEngine(PrecisionFallback):
             results.append(self._result(work, host, latency, random_weights))
         return results
 
-    def _result(self, work: FrameWork, host: dict[str, np.ndarray], latency: dict[str, float],
+    def _result(self, work: FrameInFlight, host: dict[str, np.ndarray], latency: dict[str, float],
                 random_weights: bool) -> FrameResult:
         frame, det = work.frame, work.detections
         state = self.state(frame.source_id)
@@ -371,7 +379,7 @@ class FrameEngine(PrecisionFallback):
         return FrameResult(frame=frame, detections=det, keypoints=keypoints, keypoints3d=keypoints3d, maps=maps,
                            latency_ms=latency, random_weights=random_weights, **fields)
 
-    def _keypoints3d(self, host: dict[str, np.ndarray], work: FrameWork, state: SourceState, det: Detections,
+    def _keypoints3d(self, host: dict[str, np.ndarray], work: FrameInFlight, state: SourceState, det: Detections,
                      frame: Frame) -> Keypoints3D:
         rows = work.persons
         xyz, valid = host["pose.xyz"][rows], host["pose.xyz_valid"][rows].astype(bool)

@@ -48,7 +48,7 @@ class PrecisionFallback:
                     if self.keypoints3d is not None and task in MAPS_3D and "pose.xy" in pending.outputs:
                         redo.wait()  # the 3D step again, on the new maps and this step's keypoints
                         with_persons = [w for w in pending.frames if len(w.detections)]
-                        with self.lanes.use("pose"):  # allocated on the stream that uses them
+                        with self.streams.use("pose"):  # allocated on the stream that uses them
                             xy, scores = (pending.outputs[k].to(self.device) for k in ("pose.xy", "pose.scores"))
                             self._lift(redo, with_persons, xy, scores)
             redo.wait()

@@ -1,6 +1,6 @@
 """The device side of a step: one CUDA stream per stage ("lanes"), their events, the pinned staging
 ring of uploads, pinned downloads, stage timing, and the Pending step that carries them from submit
-to finish, with what the engine keeps per frame of a step (FrameWork) and per source between steps
+to finish, with what the engine keeps per frame of a step (FrameInFlight) and per source between steps
 (SourceState, Carry).
 
 On a GPU the stages run each on its own stream (overlapped; CUDA graphs too: each stage captures
@@ -97,7 +97,7 @@ class SourceState:
 
 
 @dataclass
-class FrameWork:
+class FrameInFlight:
     """One frame of a step in flight."""
 
     frame: Frame
@@ -115,7 +115,7 @@ class FrameWork:
 class Pending:
     """Device work of one step in flight; the engine's finish_batch() turns it into FrameResults."""
 
-    frames: list[Any]  # the engine's FrameWork, one per frame of the step
+    frames: list[Any]  # the engine's FrameInFlight, one per frame of the step
     clock: Clock
     outputs: dict[str, Tensor] = field(default_factory=dict)  # host tensors of the step (pose, finite flags)
     done: list = field(default_factory=list)  # events to wait for (CUDA only)
@@ -187,7 +187,7 @@ class StagingRing:
 _STREAMS: dict[tuple[int | None, bool], dict[str, Any]] = {}
 
 
-def lane_streams(device: torch.device, overlap: bool) -> dict[str, Any]:
+def device_streams(device: torch.device, overlap: bool) -> dict[str, Any]:
     """The stages' streams on a CUDA device, made at the first ask and the same ever after: one per
     stage, or (overlap off) one for all, in order."""
     key = (device.index, overlap)
@@ -200,13 +200,13 @@ def lane_streams(device: torch.device, overlap: bool) -> dict[str, Any]:
     return dict(_STREAMS[key])
 
 
-class Lanes:
+class Streams:
     """The streams of the stages by name, and the few operations the engine does with them."""
 
     def __init__(self, device: torch.device, overlap: bool, pinned: bool) -> None:
         self.cuda = device.type == "cuda"
         self.pinned = pinned  # page-locked staging for downloads (off: pageable, the host waits)
-        self.streams = lane_streams(device, overlap) if self.cuda else {}
+        self.cuda_streams = device_streams(device, overlap) if self.cuda else {}
         # Uploads through a ring of reused page-locked buffers; pinned off: pageable copies (the host waits).
         self.staging = StagingRing(self._send) if self.cuda and pinned else None
         self.device = device
@@ -220,11 +220,11 @@ class Lanes:
 
     def get(self, name: str):
         """The stream of a stage (None on the CPU), e.g. for Clock marks."""
-        return self.streams.get(name)
+        return self.cuda_streams.get(name)
 
     def use(self, name: str):
         """Context: the work queued inside runs on that stage's stream."""
-        return torch.cuda.stream(self.streams[name]) if self.cuda else contextlib.nullcontext()
+        return torch.cuda.stream(self.cuda_streams[name]) if self.cuda else contextlib.nullcontext()
 
     def download(self, pending: Pending, into: dict, name: str, tensor: Tensor, lane: str) -> None:
         """Copy to a pinned host buffer on the stage's stream and remember the completion event
@@ -250,25 +250,25 @@ class Lanes:
         if not self.cuda:
             return None
         event = torch.cuda.Event()
-        event.record(self.streams[lane])
+        event.record(self.cuda_streams[lane])
         return event
 
     def after(self, event, lane: str, *tensors: Tensor) -> None:
         """Order a stage after an event (the upload); tell the allocator the tensors are in use on
         that stream."""
         if event is not None:
-            self.streams[lane].wait_event(event)
+            self.cuda_streams[lane].wait_event(event)
             self.in_use(lane, *tensors)
 
     def after_all(self, events: list, lane: str) -> None:
         for event in events:
-            self.streams[lane].wait_event(event)
+            self.cuda_streams[lane].wait_event(event)
 
     def in_use(self, lane: str, *tensors: Tensor) -> None:
         """Tensors made on another stream and read on this one are not freed under it."""
         if self.cuda:
             for tensor in tensors:
-                tensor.record_stream(self.streams[lane])
+                tensor.record_stream(self.cuda_streams[lane])
 
 
 def all_finite(tensors: list[Tensor]) -> Tensor:
@@ -281,4 +281,4 @@ def all_finite(tensors: list[Tensor]) -> Tensor:
     return torch.isfinite(torch.stack([t.sum(dtype=torch.float64) for t in tensors])).all()
 
 
-__all__ = ["PIPELINE_DEPTH", "Clock", "Lanes", "Pending", "StagingRing", "all_finite", "stream_names"]
+__all__ = ["PIPELINE_DEPTH", "Clock", "Streams", "Pending", "StagingRing", "all_finite", "stream_names"]
