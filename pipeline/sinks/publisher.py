@@ -52,9 +52,9 @@ from sapiens2_client.timing import RateMeter
 from stages.mocap.fuse import WorldFrame
 from stages.types import FrameResult, StreamInfo
 
-from ..mocap.message import RIG_ID, world_message
 from ..net.monitoring import WARN_EVERY_S, ConnectionWatch
 from .jpeg import JpegEncoder
+from .messages import RIG_ID, world_message
 from .subscriptions import Subscriptions
 
 log = logging.getLogger(__name__)
