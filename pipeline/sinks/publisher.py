@@ -1,33 +1,22 @@
-"""ZmqPublisher: a pipeline sink that publishes results over ZeroMQ (see docs/WIRE.md).
+"""ZmqPublisher: the sink that publishes a run's results over ZeroMQ (docs/WIRE.md); the messages
+are built in ``messages.py``.
 
-It never blocks the pipeline: each send is non-blocking with ZMQ_XPUB_NODROP, so a full
-subscriber queue raises ``Again`` and the drop is counted. With isolate_subscribers=True (the
-default) the message is then sent again in lossy mode so every subscriber with room still gets
-it; libzmq then skips the full subscriber silently until it reads again, so the publisher's drop
-counters are a lower bound (one per stall, not per message lost) and subscribers learn exactly
-what they missed from ``frame_index`` gaps. Queues are bounded per subscriber by one high-water
-mark (``sndhwm`` messages of any kind). Images are only encoded for topics that somebody
-subscribes to (the XPUB socket reports every subscription and unsubscription, so the publisher
-knows how many subscribers each topic has: ``subscriptions.py``). A full queue of a topic's only
-subscriber is not sent to again in lossy mode (nobody else would get it, and libzmq would then
-hide that queue's state), so each message lost to it is counted; a picture topic in that state
-is not drawn or encoded again until a try finds room, and such a stopped subscriber costs the
-pipeline next to nothing. A stopped subscriber that
-shares a topic with another one (a status or keypoints reader) is set aside by libzmq after the
-first lossy send, unseen: its pictures are then encoded as for a reading one.
+One XPUB socket serves every source of a run (``open`` once per source; topics ``KIND.<source_id>``),
+bound (``bind()``, before any model loads, so a taken port fails in seconds) or connected to a
+broker's XSUB side. It never blocks the pipeline: sends are non-blocking with ZMQ_XPUB_NODROP, so a
+full subscriber queue (``sndhwm`` messages of any kind) is a counted drop; with isolate_subscribers
+the message goes again, lossy, to the subscribers with room, and libzmq then skips the full one
+silently: the drop counters are a lower bound, and subscribers see what they missed as
+``frame_index`` gaps. Pictures are encoded only for topics somebody subscribes to
+(``subscriptions.py``); a picture topic whose only subscriber is full (each message lost to it
+counted) is neither drawn nor encoded until a send finds room again, while a full subscriber that
+shares its topic is set aside by libzmq unseen, so its pictures are still encoded.
 
-One publisher serves every source of a run (``open`` once per source): topics are
-``KIND.<source_id>``. A background thread publishes each source's ``status`` every
-``status_interval_s`` even when the pipeline stalls, and at once when a source's health changes
-(``event``), so ``stalled`` and ``reconnecting`` reach subscribers however short they last.
-
-Binding (``bind()``, called before any model loads so a taken port fails in seconds) or
-connecting to a broker's XSUB side (``connect=True``). With CURVE the publisher is the server when
-it binds (client keys in ``authorized/``, re-read when an unknown key knocks) and a client of the
-broker when it connects. A subscriber refused by CURVE, or one whose handshake fails (no keys),
-is logged as a warning; binding a non-loopback address without CURVE warns too. Connecting, the
-broker counts as there once its handshake succeeded: its refusal, its loss and its return are
-logged, and a run that ended with no broker ever there says so at close.
+A ``zmq-status`` thread publishes each source's status every ``status_interval_s`` even when the
+pipeline stalls, and at once on a health change (``event``). With CURVE the publisher is the server
+when it binds (client keys in ``authorized/``, re-read when an unknown key knocks) and a client of
+the broker when it connects. Refused or failed handshakes, a non-loopback bind without CURVE, and a
+broker refused, lost, back or never there are logged.
 """
 
 from __future__ import annotations
