@@ -1,36 +1,23 @@
-"""Prometheus metrics and health endpoints of a running pipeline (``--metrics 127.0.0.1:9108``).
+"""Prometheus metrics and health endpoints of a running pipeline (``--metrics 127.0.0.1:9108``), and
+the one declaration of the metric families it and the viewer (``pipeline/viewer/metrics.py``) expose.
 
-Served with the official ``prometheus_client`` (its text format, its own registry):
-
-    sapiens2_frames_total{source}                     frames processed
-    sapiens2_frames_dropped_total{source}             frames a live source replaced before they were processed
-    sapiens2_source_reopens_total{source}             reconnects of a camera or stream
-    sapiens2_decode_errors_total{source}              packets skipped because they did not decode
-    sapiens2_stage_latency_seconds{stage}             histogram per stage (detect, pose, seg, ..., annotate)
-    sapiens2_capture_to_output_seconds{source}        histogram: capture to the sinks written
-    sapiens2_source_up{source}                        1 while the source delivers (health ok), else 0
-    sapiens2_subscribers                              ZeroMQ connections to the publisher
-    sapiens2_publisher_dropped_total{kind}            messages some subscriber's full queue refused
-    sapiens2_gpu_memory_bytes{device}                 allocated by torch (CUDA only)
-    sapiens2_model_info{tasks, model_size, dtype, device, random_weights, version}
-
-``/healthz`` answers 200 while the process starts (weights download, model load, compile: it is
-alive, not stuck in a loop that stopped) and then while the pipeline loop runs (it saw a frame or
-an idle poll within the last 10 s); ``/readyz`` 200 once the models are loaded and at least one
-source delivers, 503 otherwise. ``MetricsSink`` is the sink that feeds them.
-
-Every series of a source exists (at 0) from the moment it opens, and a source that could not open
-or failed for good while others ran has ``sapiens2_source_up`` 0; a source that ended or was removed
-leaves ``source_up``.
+``/metrics`` is prometheus_client's text format, from a registry of the pipeline's own.
+``/healthz`` answers 200 while the process starts (weights download, model load, compile) and then
+while the loop runs (a frame or an idle poll within ``HEARTBEAT_S``), else 503; ``/readyz`` 200 once
+the models are loaded and a source delivers, else 503. ``MetricsSink`` keeps them current: every
+series of a source exists (at 0) from the moment it opens; a source that could not open or failed
+for good has ``sapiens2_source_up`` 0, and one that ended or was removed leaves it.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, Generic, TypeVar
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from stages.types import FrameResult, StreamInfo
@@ -40,6 +27,71 @@ from .net.http import HttpService
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0)
 HEARTBEAT_S = 10.0
 
+C = TypeVar("C", Counter, Gauge, Histogram, Info)
+
+
+@dataclass(frozen=True)
+class Family(Generic[C]):
+    """One metric family as exposed: name (a counter's without the ``_total`` Prometheus adds), help
+    text, type, label names and, for a histogram, buckets."""
+
+    name: str
+    help: str
+    type: type[C]
+    labels: tuple[str, ...] = ()
+    buckets: tuple[float, ...] | None = None
+
+    def make(self, registry: CollectorRegistry) -> C:
+        """Its collector, registered in registry."""
+        extra = {} if self.buckets is None else {"buckets": self.buckets}
+        return self.type(self.name, self.help, self.labels, registry=registry, **extra)
+
+    def sample(self, value: float) -> CounterMetricFamily | GaugeMetricFamily:
+        """The family with one value and no labels, as a custom collector yields it at scrape time."""
+        assert not self.labels and self.type in (Counter, Gauge), self
+        family = CounterMetricFamily if self.type is Counter else GaugeMetricFamily
+        return family(self.name, self.help, value=value)
+
+
+# The pipeline's, counted where the frames are processed.
+FRAMES = Family("sapiens2_frames", "frames processed", Counter, ("source",))
+FRAMES_DROPPED = Family("sapiens2_frames_dropped", "frames a live source replaced before they were processed",
+                        Counter, ("source",))
+SOURCE_REOPENS = Family("sapiens2_source_reopens", "reconnects of a camera or stream", Counter, ("source",))
+DECODE_ERRORS = Family("sapiens2_decode_errors", "packets skipped because they did not decode", Counter, ("source",))
+STAGE_LATENCY = Family("sapiens2_stage_latency_seconds", "time of each stage per frame", Histogram, ("stage",),
+                       LATENCY_BUCKETS)
+CAPTURE_TO_OUTPUT = Family("sapiens2_capture_to_output_seconds",
+                           "capture (or decode) of a frame to its results written by every sink", Histogram,
+                           ("source",), LATENCY_BUCKETS)
+SOURCE_UP = Family("sapiens2_source_up", "1 while the source delivers frames (health ok)", Gauge, ("source",))
+SUBSCRIBERS = Family("sapiens2_subscribers", "ZeroMQ connections to the publisher", Gauge)
+PUBLISHER_DROPPED = Family("sapiens2_publisher_dropped", "messages some subscriber's full queue refused", Counter,
+                           ("kind",))
+GPU_MEMORY = Family("sapiens2_gpu_memory_bytes", "device memory allocated by torch", Gauge, ("device",))
+MODEL = Family("sapiens2_model", "what runs: tasks, model size, precision, device", Info)
+
+# The viewer's: the same figures under the same names, read from the pipelines' messages (their help
+# says so where that changes what they count), then what only the viewer knows.
+PUBLISHED_FRAMES = replace(FRAMES, help="frames published (the status messages' count)")
+STATUS_UP = replace(SOURCE_UP, help="1 while the source's status says ok")
+REPORTED_PUBLISHER_DROPPED = replace(
+    PUBLISHER_DROPPED, help="messages some subscriber's full queue refused, as this source's status reports it",
+    labels=("source", "kind"))
+CAPTURE_TO_PUBLISH = Family("sapiens2_capture_to_publish_seconds",
+                            "capture (or decode) of a frame to its keypoints message built", Histogram, ("source",),
+                            LATENCY_BUCKETS)
+SOURCE_FPS = Family("sapiens2_source_fps", "frames per second the source's status reports", Gauge, ("source",))
+VIEWER_MISSED = Family("sapiens2_viewer_missed", "keypoints messages this viewer did not receive (frame_index gaps "
+                       "the source's drops do not explain)", Counter, ("source",))
+VIEWER_RECEIVED = Family("sapiens2_viewer_received", "messages received from the publishers", Counter)
+VIEWER_REFUSED = Family("sapiens2_viewer_refused", "received messages whose header is not the wire format", Counter)
+VIEWER_FORWARDED = Family("sapiens2_viewer_forwarded", "messages sent to browsers", Counter)
+VIEWER_SUPERSEDED = Family("sapiens2_viewer_superseded",
+                           "messages a newer one replaced before a slow browser took it", Counter)
+VIEWER_CLIENTS = Family("sapiens2_viewer_clients", "browsers connected", Gauge)
+VIEWER_SOURCES = Family("sapiens2_viewer_sources", "sources heard from", Gauge)
+
 
 class PipelineMetrics:
     """The collectors, in a registry of their own (tests and several pipelines in one process stay apart)."""
@@ -47,25 +99,17 @@ class PipelineMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.frames = Counter("sapiens2_frames", "frames processed", ["source"], registry=r)
-        self.dropped = Counter("sapiens2_frames_dropped", "frames a live source replaced before they were processed",
-                               ["source"], registry=r)
-        self.reopens = Counter("sapiens2_source_reopens", "reconnects of a camera or stream", ["source"], registry=r)
-        self.decode_errors = Counter("sapiens2_decode_errors", "packets skipped because they did not decode",
-                                     ["source"], registry=r)
-        self.stage_latency = Histogram("sapiens2_stage_latency_seconds", "time of each stage per frame", ["stage"],
-                                       buckets=LATENCY_BUCKETS, registry=r)
-        self.capture_to_output = Histogram("sapiens2_capture_to_output_seconds",
-                                           "capture (or decode) of a frame to its results written by every sink",
-                                           ["source"], buckets=LATENCY_BUCKETS, registry=r)
-        self.source_up = Gauge("sapiens2_source_up", "1 while the source delivers frames (health ok)", ["source"],
-                               registry=r)
-        self.subscribers = Gauge("sapiens2_subscribers", "ZeroMQ connections to the publisher", registry=r)
-        self.publisher_dropped = Counter("sapiens2_publisher_dropped", "messages some subscriber's full queue refused",
-                                         ["kind"], registry=r)
-        self.gpu_memory = Gauge("sapiens2_gpu_memory_bytes", "device memory allocated by torch", ["device"],
-                                registry=r)
-        self.model = Info("sapiens2_model", "what runs: tasks, model size, precision, device", registry=r)
+        self.frames = FRAMES.make(r)
+        self.dropped = FRAMES_DROPPED.make(r)
+        self.reopens = SOURCE_REOPENS.make(r)
+        self.decode_errors = DECODE_ERRORS.make(r)
+        self.stage_latency = STAGE_LATENCY.make(r)
+        self.capture_to_output = CAPTURE_TO_OUTPUT.make(r)
+        self.source_up = SOURCE_UP.make(r)
+        self.subscribers = SUBSCRIBERS.make(r)
+        self.publisher_dropped = PUBLISHER_DROPPED.make(r)
+        self.gpu_memory = GPU_MEMORY.make(r)
+        self.model = MODEL.make(r)
         self.ready = False  # models loaded
         self.heartbeat = 0.0  # monotonic time the loop last said it runs
         self.running = False  # the pipeline loop started (before: starting up, alive)

@@ -1,33 +1,22 @@
-"""ZmqPublisher: a pipeline sink that publishes results over ZeroMQ (see docs/WIRE.md).
+"""ZmqPublisher: the sink that publishes a run's results over ZeroMQ (docs/WIRE.md); the messages
+are built in ``messages.py``.
 
-It never blocks the pipeline: each send is non-blocking with ZMQ_XPUB_NODROP, so a full
-subscriber queue raises ``Again`` and the drop is counted. With isolate_subscribers=True (the
-default) the message is then sent again in lossy mode so every subscriber with room still gets
-it; libzmq then skips the full subscriber silently until it reads again, so the publisher's drop
-counters are a lower bound (one per stall, not per message lost) and subscribers learn exactly
-what they missed from ``frame_index`` gaps. Queues are bounded per subscriber by one high-water
-mark (``sndhwm`` messages of any kind). Images are only encoded for topics that somebody
-subscribes to (the XPUB socket reports every subscription and unsubscription, so the publisher
-knows how many subscribers each topic has: ``subscriptions.py``). A full queue of a topic's only
-subscriber is not sent to again in lossy mode (nobody else would get it, and libzmq would then
-hide that queue's state), so each message lost to it is counted; a picture topic in that state
-is not drawn or encoded again until a try finds room, and such a stopped subscriber costs the
-pipeline next to nothing. A stopped subscriber that
-shares a topic with another one (a status or keypoints reader) is set aside by libzmq after the
-first lossy send, unseen: its pictures are then encoded as for a reading one.
+One XPUB socket serves every source of a run (``open`` once per source; topics ``KIND.<source_id>``),
+bound (``bind()``, before any model loads, so a taken port fails in seconds) or connected to a
+broker's XSUB side. It never blocks the pipeline: sends are non-blocking with ZMQ_XPUB_NODROP, so a
+full subscriber queue (``sndhwm`` messages of any kind) is a counted drop; with isolate_subscribers
+the message goes again, lossy, to the subscribers with room, and libzmq then skips the full one
+silently: the drop counters are a lower bound, and subscribers see what they missed as
+``frame_index`` gaps. Pictures are encoded only for topics somebody subscribes to
+(``subscriptions.py``); a picture topic whose only subscriber is full (each message lost to it
+counted) is neither drawn nor encoded until a send finds room again, while a full subscriber that
+shares its topic is set aside by libzmq unseen, so its pictures are still encoded.
 
-One publisher serves every source of a run (``open`` once per source): topics are
-``KIND.<source_id>``. A background thread publishes each source's ``status`` every
-``status_interval_s`` even when the pipeline stalls, and at once when a source's health changes
-(``event``), so ``stalled`` and ``reconnecting`` reach subscribers however short they last.
-
-Binding (``bind()``, called before any model loads so a taken port fails in seconds) or
-connecting to a broker's XSUB side (``connect=True``). With CURVE the publisher is the server when
-it binds (client keys in ``authorized/``, re-read when an unknown key knocks) and a client of the
-broker when it connects. A subscriber refused by CURVE, or one whose handshake fails (no keys),
-is logged as a warning; binding a non-loopback address without CURVE warns too. Connecting, the
-broker counts as there once its handshake succeeded: its refusal, its loss and its return are
-logged, and a run that ended with no broker ever there says so at close.
+A ``zmq-status`` thread publishes each source's status every ``status_interval_s`` even when the
+pipeline stalls, and at once on a health change (``event``). With CURVE the publisher is the server
+when it binds (client keys in ``authorized/``, re-read when an unknown key knocks) and a client of
+the broker when it connects. Refused or failed handshakes, a non-loopback bind without CURVE, and a
+broker refused, lost, back or never there are logged.
 """
 
 from __future__ import annotations
@@ -39,7 +28,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
@@ -52,9 +40,9 @@ from sapiens2_client.timing import RateMeter
 from stages.mocap.fuse import WorldFrame
 from stages.types import FrameResult, StreamInfo
 
-from ..mocap.message import RIG_ID, world_message
 from ..net.monitoring import WARN_EVERY_S, ConnectionWatch
 from .jpeg import JpegEncoder
+from .messages import RIG_ID, frame_messages, frame_meta, status_fields, world_message
 from .subscriptions import Subscriptions
 
 log = logging.getLogger(__name__)
@@ -219,30 +207,10 @@ class ZmqPublisher:
                     wanted[kind] = False
                     self.stats.dropped[kind] += 1
             drops = self._all_drops(source)
-        meta = wire.FrameMeta(
-            source_id=src, frame_index=frame.index, pts=frame.pts, time_base=frame.time_base,
-            capture_ns=frame.capture_ns, latency_ms=dict(result.latency_ms), drops=drops, width=frame.width,
-            height=frame.height, random_weights=result.random_weights or source.info.random_weights,
-            session=frame.session,
-        )
-        fields = wire.meta_fields(meta)
-        encoded = []
-        if wanted["keypoints"]:
-            parts = _keypoint_parts(result)
-            n, k = parts[0].array.shape[:2]
-            extra = {} if result.keypoints3d is None else {"keypoints3d_metric": bool(result.keypoints3d.metric)}
-            encoded.append(("keypoints", self._encode("keypoints", {**fields, "num_persons": n, "num_keypoints": k,
-                                                                    **extra}, parts)))
-        if wanted["frame"]:
-            annotated = result.annotated is not None and not self.raw_frames
-            image = result.annotated if annotated else frame.image
-            encoded.append(("frame", self._encode_frame({**fields, "annotated": annotated}, image)))
-        if wanted["seg"] and result.seg is not None:
-            encoded.append(("seg", self._encode("seg", fields, [wire.Part("classes", result.seg, "png")])))
-        if wanted["matte"] and result.matte is not None:
-            alpha = np.clip(np.rint(result.matte.alpha * 255.0), 0, 255).astype(np.uint8)  # (H, W)
-            encoded.append(("matte", self._encode("matte", {**fields, "alpha_scale": 255},
-                                                  [wire.Part("alpha", alpha, "png")])))
+        meta = frame_meta(result, src, drops, result.random_weights or source.info.random_weights)
+        kinds = [kind for kind, want in wanted.items() if want]
+        encoded = [(kind, self._encode(kind, fields, parts))
+                   for kind, fields, parts in frame_messages(result, meta, kinds, self.raw_frames)]
         with self._lock:
             for kind, frames in encoded:
                 self._send(kind, frames)
@@ -338,19 +306,18 @@ class ZmqPublisher:
         return True
 
     # -- internals (callers hold self._lock where a socket is touched) --------------------------
-    def _encode(self, kind: str, fields: dict, parts: list[wire.Part],
-                encoded_parts: tuple[tuple[dict, bytes], ...] = ()) -> list[bytes]:
+    def _encode(self, kind: str, fields: dict, parts: list[wire.Part]) -> list[bytes]:
+        """The message's frames; a frame message's JPEG from the GPU encoder when it is on and works."""
+        encoded_parts: tuple[tuple[dict, bytes], ...] = ()
+        if kind == "frame":
+            image = parts[0].array
+            data = self.jpeg.encode(image)
+            if data is not None:
+                parts, encoded_parts = [], ((wire.image_descriptor("image", "jpeg", image.shape), data),)
         self.stats.encoded[kind] += 1
         return wire.encode(kind, fields["source_id"], fields, parts, publish_ns=time.time_ns(),
                            header_format=self.header_format, jpeg_quality=self.jpeg_quality,
                            encoded_parts=encoded_parts)
-
-    def _encode_frame(self, fields: dict, image: np.ndarray) -> list[bytes]:
-        """The frame message; JPEG from the GPU encoder when it is on and works, else the CPU's."""
-        data = self.jpeg.encode(image)
-        if data is None:
-            return self._encode("frame", fields, [wire.Part("image", image, "jpeg")])
-        return self._encode("frame", fields, [], ((wire.image_descriptor("image", "jpeg", image.shape), data),))
 
     def _poll_subscriptions(self) -> None:
         sock = self._sock
@@ -407,25 +374,11 @@ class ZmqPublisher:
         topic = wire.topic_for("status", info.source_id)
         if not self._is_subscribed(topic):
             return
-        fields: dict[str, Any] = {
-            "fps": float(source.rate.rate),
-            "health": source.health,
-            "frames": source.frames,
-            "last_frame_index": source.last_index,
-            "drops": self._all_drops(source),
-            "sent": dict(self.stats.sent),
-            "uptime_s": time.monotonic() - source.rate.started,
-            "width": info.width,
-            "height": info.height,
-            "nominal_fps": info.fps,
-            "live": info.live,
-            "random_weights": info.random_weights,
-        }
-        if self.detector is not None:
-            fields["detector"] = self.detector
-        if event is not None:
-            fields["event"] = {k: v for k, v in event.items() if k != "source_id"}
-        self._send("status", self._encode("status", {"source_id": info.source_id, **fields}, []))
+        fields = status_fields(info, fps=source.rate.rate, health=source.health, frames=source.frames,
+                               last_frame_index=source.last_index, drops=self._all_drops(source),
+                               sent=dict(self.stats.sent), uptime_s=time.monotonic() - source.rate.started,
+                               detector=self.detector, event=event)
+        self._send("status", self._encode("status", fields, []))
 
     def _status_loop(self) -> None:
         next_status = time.monotonic() + self.status_interval_s
@@ -452,30 +405,6 @@ class ZmqPublisher:
             except zmq.ZMQError:  # Again: all read (or the monitor is closing)
                 return
             self._watch.on_event(event["event"])
-
-
-def _keypoint_parts(result: FrameResult) -> list[wire.Part]:
-    det = result.detections
-    n = len(det)
-    kp = result.keypoints
-    xy = kp.xy if kp is not None else np.zeros((n, 0, 2), np.float32)  # (N, K, 2); K=0: not computed
-    scores = kp.scores if kp is not None else np.zeros((n, 0), np.float32)  # (N, K)
-    parts = [
-        wire.Part("keypoints", xy.astype("<f4")),
-        wire.Part("keypoint_scores", scores.astype("<f4")),
-        wire.Part("boxes", det.boxes.astype("<f4")),  # (N, 4) xyxy
-        wire.Part("box_scores", det.scores.astype("<f4")),  # (N,)
-        wire.Part("track_ids", det.track_ids.astype("<i8")),  # (N,)
-    ]
-    k3 = result.keypoints3d
-    if k3 is not None and kp is not None:  # the optional 3D group (docs/WIRE.md): all four parts
-        parts += [
-            wire.Part("keypoints3d", k3.xyz.astype("<f4")),  # (N, K, 3), zeros where not valid
-            wire.Part("keypoints3d_valid", k3.valid.astype(np.uint8)),  # (N, K) 1 valid, 0 not
-            wire.Part("root3d", k3.root.astype("<f4")),  # (N, 3)
-            wire.Part("root3d_valid", k3.root_valid.astype(np.uint8)),  # (N,)
-        ]
-    return parts
 
 
 def curve_for(cfg_curve_dir: str | None, connect: bool, client_name: str) -> CurveServerKeys | CurveClientKeys | None:

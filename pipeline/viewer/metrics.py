@@ -1,30 +1,15 @@
 """Prometheus metrics and health of the viewer (``view --metrics``): the pipelines' figures, as their
-messages tell them, and the viewer's own counts.
+messages tell them, and the viewer's own counts (the families: ``pipeline/metrics.py``).
 
-The figures of the pipelines it watches, under the names of the pipeline's own ``--metrics``
-(``pipeline/metrics.py``), read from the messages the viewer receives (so ``--metrics`` makes the
-viewer subscribe to ``keypoints`` too, small messages without images):
-
-    sapiens2_frames_total{source}                   frames published (the status messages' ``frames``)
-    sapiens2_frames_dropped_total{source}           frames a live source replaced (status ``drops.source``)
-    sapiens2_source_reopens_total{source}           reconnects of a camera or stream (status ``drops.reopens``)
-    sapiens2_decode_errors_total{source}            packets that did not decode (status ``drops.decode_errors``)
-    sapiens2_stage_latency_seconds{stage}           histogram per stage, from each keypoints header's latency_ms
-    sapiens2_capture_to_publish_seconds{source}     histogram: capture_ns to publish_ns of each keypoints message
-    sapiens2_source_up{source}                      1 while the source's status says ok, else 0
-    sapiens2_source_fps{source}                     frames per second, as the status says
-    sapiens2_publisher_dropped_total{source, kind}  the publisher's ``drops.publish_<kind>``, as that source's
-                                                    status reports it (one publisher's count shows under each
-                                                    of its sources: do not sum over sources)
-    sapiens2_viewer_missed_total{source}            keypoints messages this viewer did not receive: gaps in
-                                                    frame_index that the source's drops do not explain
-
-A count that goes back (a pipeline restarted under the same source id) starts over: what it
-counts then is added. Not here, because no message carries them: the pipeline's subscriber
-count, GPU memory and model info (scrape the pipeline's own ``--metrics`` for those).
-
-The viewer's own: ``sapiens2_viewer_received/refused/forwarded/superseded_total``,
-``sapiens2_viewer_clients`` (browsers connected), ``sapiens2_viewer_sources``.
+The pipelines' figures carry the names of the pipeline's own ``--metrics``, read from the messages
+the viewer receives (so ``--metrics`` makes it subscribe to ``keypoints`` too, small messages
+without images): from each status message its ``frames``, ``fps``, health and ``drops`` (``source``,
+``reopens``, ``decode_errors``, ``publish_<kind>``: one publisher's count shows under each of its
+sources, so do not sum ``sapiens2_publisher_dropped_total`` over sources); from each keypoints
+message its ``latency_ms``, capture to publish time, and the ``frame_index`` gaps its drops do not
+explain (``sapiens2_viewer_missed_total``). A count that goes back (a pipeline restarted under the
+same source id) starts over. No message carries the subscriber count, GPU memory or model info:
+scrape the pipeline for those.
 """
 
 from __future__ import annotations
@@ -32,11 +17,27 @@ from __future__ import annotations
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from ..metrics import LATENCY_BUCKETS
+from ..metrics import (
+    CAPTURE_TO_PUBLISH,
+    DECODE_ERRORS,
+    FRAMES_DROPPED,
+    PUBLISHED_FRAMES,
+    REPORTED_PUBLISHER_DROPPED,
+    SOURCE_FPS,
+    SOURCE_REOPENS,
+    STAGE_LATENCY,
+    STATUS_UP,
+    VIEWER_CLIENTS,
+    VIEWER_FORWARDED,
+    VIEWER_MISSED,
+    VIEWER_RECEIVED,
+    VIEWER_REFUSED,
+    VIEWER_SOURCES,
+    VIEWER_SUPERSEDED,
+)
 from ..net.http import HttpService
 
 
@@ -48,16 +49,10 @@ class _ViewerCollector:
 
     def collect(self):
         s = self.server.stats
-        for name, doc, value in (
-            ("sapiens2_viewer_received", "messages received from the publishers", s.received),
-            ("sapiens2_viewer_refused", "received messages whose header is not the wire format", s.refused),
-            ("sapiens2_viewer_forwarded", "messages sent to browsers", s.forwarded),
-            ("sapiens2_viewer_superseded", "messages a newer one replaced before a slow browser took it",
-             s.superseded),
-        ):
-            yield CounterMetricFamily(name, doc, value=value)
-        yield GaugeMetricFamily("sapiens2_viewer_clients", "browsers connected", value=s.clients)
-        yield GaugeMetricFamily("sapiens2_viewer_sources", "sources heard from", value=len(s.sources))
+        for family, value in ((VIEWER_RECEIVED, s.received), (VIEWER_REFUSED, s.refused),
+                              (VIEWER_FORWARDED, s.forwarded), (VIEWER_SUPERSEDED, s.superseded),
+                              (VIEWER_CLIENTS, s.clients), (VIEWER_SOURCES, len(s.sources))):
+            yield family.sample(value)
 
 
 class StreamFigures:
@@ -66,26 +61,16 @@ class StreamFigures:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         r = registry
-        self.frames = Counter("sapiens2_frames", "frames published (the status messages' count)", ["source"],
-                              registry=r)
-        self.dropped = Counter("sapiens2_frames_dropped", "frames a live source replaced before they were processed",
-                               ["source"], registry=r)
-        self.reopens = Counter("sapiens2_source_reopens", "reconnects of a camera or stream", ["source"], registry=r)
-        self.decode_errors = Counter("sapiens2_decode_errors", "packets skipped because they did not decode",
-                                     ["source"], registry=r)
-        self.stage_latency = Histogram("sapiens2_stage_latency_seconds", "time of each stage per frame", ["stage"],
-                                       buckets=LATENCY_BUCKETS, registry=r)
-        self.capture_to_publish = Histogram("sapiens2_capture_to_publish_seconds",
-                                            "capture (or decode) of a frame to its keypoints message built",
-                                            ["source"], buckets=LATENCY_BUCKETS, registry=r)
-        self.source_up = Gauge("sapiens2_source_up", "1 while the source's status says ok", ["source"], registry=r)
-        self.fps = Gauge("sapiens2_source_fps", "frames per second the source's status reports", ["source"],
-                         registry=r)
-        self.publisher_dropped = Counter("sapiens2_publisher_dropped", "messages some subscriber's full queue "
-                                         "refused, as this source's status reports it", ["source", "kind"],
-                                         registry=r)
-        self.missed = Counter("sapiens2_viewer_missed", "keypoints messages this viewer did not receive (frame_index "
-                              "gaps the source's drops do not explain)", ["source"], registry=r)
+        self.frames = PUBLISHED_FRAMES.make(r)
+        self.dropped = FRAMES_DROPPED.make(r)
+        self.reopens = SOURCE_REOPENS.make(r)
+        self.decode_errors = DECODE_ERRORS.make(r)
+        self.stage_latency = STAGE_LATENCY.make(r)
+        self.capture_to_publish = CAPTURE_TO_PUBLISH.make(r)
+        self.source_up = STATUS_UP.make(r)
+        self.fps = SOURCE_FPS.make(r)
+        self.publisher_dropped = REPORTED_PUBLISHER_DROPPED.make(r)
+        self.missed = VIEWER_MISSED.make(r)
         self._seen: dict[tuple[str, ...], int] = {}  # (metric, labels...) -> last cumulative value
         self._last_keypoints: dict[str, tuple[int, int]] = {}  # source -> (frame_index, drops.source)
 
