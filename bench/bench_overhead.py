@@ -66,7 +66,7 @@ from pipeline.stages_setup import Stages  # noqa: E402
 from stages.annotate import compose_annotators  # noqa: E402
 from stages.device import resolve_device  # noqa: E402
 from stages.sapiens2.fastpath import FastPath  # noqa: E402
-from stages.detector import FullFrameDetector  # noqa: E402
+from stages.detect.yolo import FullFrameDetector  # noqa: E402
 from stages.sapiens2.preprocess import to_device_image  # noqa: E402
 from stages.types import Detections, Frame, FrameResult, Keypoints, StreamInfo  # noqa: E402
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from stages.device import DeviceError, resolve_device
-from stages.detector import Detector, DetectorError, FullFrameDetector, PersonDetector
+from stages.detect.yolo import Detector, DetectorError, FullFrameDetector, PersonDetector
 from stages.metadata import load_metadata
 from stages.sapiens2.estimators import ESTIMATORS
 from stages.sapiens2.fastpath import FastPath

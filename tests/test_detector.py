@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from stages.detector import (
+from stages.detect.yolo import (
     ByteTracker,
     DetectorError,
     FullFrameDetector,
@@ -299,7 +299,7 @@ def test_detect_does_not_synchronise_the_device(monkeypatch) -> None:
 
     import ultralytics.utils.ops as ops
 
-    from stages.detector import _no_device_sync
+    from stages.detect.yolo import _no_device_sync
 
     calls = []
 

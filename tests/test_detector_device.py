@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from stages.detector import PersonDetector
+from stages.detect.yolo import PersonDetector
 from stages.types import Frame
 from stages.yolo_device import PAD_VALUE, letterbox, letterbox_geometry
 

@@ -7,7 +7,7 @@ import torch
 
 from pipeline.engine import FrameEngine
 from pipeline.stages_setup import Stages
-from stages.detector import ByteTracker, FullFrameDetector
+from stages.detect.yolo import ByteTracker, FullFrameDetector
 from stages.smoothing import KeypointSmoother
 from stages.types import Frame
 

@@ -372,7 +372,7 @@ class PersonDetector:
         """Find people in frames already on the detector's device, (3, H, W) uint8 RGB tensors: letterbox,
         normalisation, forward and NMS on the device (the frame is not uploaded again), one copy of all
         frames' boxes to the host. The same boxes as ``detect_batch`` (see stages.yolo_device)."""
-        from .yolo_device import predict_on_device
+        from ..yolo_device import predict_on_device
 
         want = self.device
         for image in images:

@@ -1,0 +1,1 @@
+"""Person detection and tracking."""
