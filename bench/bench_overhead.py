@@ -295,10 +295,10 @@ def bench_device_steps(r: Report, images: list[np.ndarray], device: torch.device
     from ultralytics.utils import nms, ops
 
     from stages.sapiens2.postprocess import decode_pose
-    from stages.yolo_device import letterbox_batch
+    from stages.detect.letterbox import letterbox_batch
 
     frame = to_device_image(images[0], device)
-    r.add("device", "detector letterbox 1080p -> 384x640 (stages.yolo_device)", "info",
+    r.add("device", "detector letterbox 1080p -> 384x640 (stages.detect.letterbox)", "info",
           r.time(lambda: letterbox_batch([frame], 640, auto=True), device), False, note="GPU kernels on CUDA")
     gen = torch.Generator().manual_seed(0)
     preds = torch.rand(1, 84, 5040, generator=gen).to(device) * 0.1  # YOLO11n at 384x640: 5040 anchors

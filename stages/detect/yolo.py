@@ -3,7 +3,7 @@
 Both detectors share one interface: ``detect(image_rgb) -> Detections``, ``detect_batch(images)``
 (one forward for the frames of several sources), ``reset()`` and a ``random_weights`` attribute
 that annotators and publishers use to label meaningless output. The YOLO detector also takes the
-frames already on its device (``detect_tensors``: letterbox on the device, stages.yolo_device), which
+frames already on its device (``detect_tensors``: letterbox on the device, stages.detect.letterbox), which
 the engine uses so that a frame crosses the bus once. Tracking is separate
 (:class:`ByteTracker`, one per source), so frames of several cameras can share a detector batch.
 Between detector runs (``detect_every``) the engine carries boxes from the keypoints of the frame
@@ -371,8 +371,8 @@ class PersonDetector:
     def detect_tensors(self, images: Sequence[Tensor]) -> list[Detections]:
         """Find people in frames already on the detector's device, (3, H, W) uint8 RGB tensors: letterbox,
         normalisation, forward and NMS on the device (the frame is not uploaded again), one copy of all
-        frames' boxes to the host. The same boxes as ``detect_batch`` (see stages.yolo_device)."""
-        from ..yolo_device import predict_on_device
+        frames' boxes to the host. The same boxes as ``detect_batch`` (see stages.detect.letterbox)."""
+        from .letterbox import predict_on_device
 
         want = self.device
         for image in images:
