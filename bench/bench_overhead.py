@@ -64,9 +64,9 @@ from pipeline.sources import SourceEnded  # noqa: E402
 from pipeline.sources.readers import open_file  # noqa: E402
 from pipeline.stages_setup import Stages  # noqa: E402
 from stages.annotate import compose_annotators  # noqa: E402
+from stages.detect import FullFrameDetector  # noqa: E402
 from stages.device import resolve_device  # noqa: E402
 from stages.sapiens2.fastpath import FastPath  # noqa: E402
-from stages.detect.yolo import FullFrameDetector  # noqa: E402
 from stages.sapiens2.preprocess import to_device_image  # noqa: E402
 from stages.types import Detections, Frame, FrameResult, Keypoints, StreamInfo  # noqa: E402
 
@@ -294,8 +294,8 @@ def bench_device_steps(r: Report, images: list[np.ndarray], device: torch.device
     detector's letterbox and NMS, the pose decode of one person at the real heatmap size."""
     from ultralytics.utils import nms, ops
 
-    from stages.sapiens2.postprocess import decode_pose
     from stages.detect.letterbox import letterbox_batch
+    from stages.sapiens2.postprocess import decode_pose
 
     frame = to_device_image(images[0], device)
     r.add("device", "detector letterbox 1080p -> 384x640 (stages.detect.letterbox)", "info",

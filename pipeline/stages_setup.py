@@ -12,8 +12,9 @@ from pathlib import Path
 
 import torch
 
+from stages.detect import Detector, DetectorError, FullFrameDetector
+from stages.detect.yolo import PersonDetector
 from stages.device import DeviceError, resolve_device
-from stages.detect.yolo import Detector, DetectorError, FullFrameDetector, PersonDetector
 from stages.metadata import load_metadata
 from stages.sapiens2.estimators import ESTIMATORS
 from stages.sapiens2.fastpath import FastPath

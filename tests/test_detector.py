@@ -14,13 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from stages.detect.yolo import (
-    ByteTracker,
-    DetectorError,
-    FullFrameDetector,
-    PersonDetector,
-    carry_boxes,
-)
+from stages.detect import DetectorError, FullFrameDetector
+from stages.detect.yolo import ByteTracker, PersonDetector, carry_boxes
 from stages.types import Detections
 
 ultralytics = pytest.importorskip("ultralytics")

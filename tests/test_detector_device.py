@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import torch
 
+from stages.detect.letterbox import PAD_VALUE, letterbox, letterbox_geometry
 from stages.detect.yolo import PersonDetector
 from stages.types import Frame
-from stages.detect.letterbox import PAD_VALUE, letterbox, letterbox_geometry
 
 ultralytics = pytest.importorskip("ultralytics")
 from ultralytics.data.augment import LetterBox

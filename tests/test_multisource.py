@@ -21,7 +21,7 @@ from pipeline.runner import Runner
 from pipeline.sources import Source
 from pipeline.sources.demo import SyntheticCamera
 from pipeline.stages_setup import Stages
-from stages.detect.yolo import FullFrameDetector
+from stages.detect import FullFrameDetector
 from stages.sapiens2 import load_model
 from stages.sapiens2.estimators import ESTIMATORS
 from stages.sapiens2.tiny import make_tiny

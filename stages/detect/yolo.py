@@ -41,7 +41,7 @@ import time
 import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import cv2
 import numpy as np
@@ -51,26 +51,12 @@ from torch import Tensor
 from stages.device import resolve_device
 from stages.types import Detections
 
+from . import DetectorError, check_input
+
 log = logging.getLogger(__name__)
 
 _OFFLINE_ENV = ("YOLO_OFFLINE", "HF_HUB_OFFLINE")
 PERSON_CLASS = 0
-
-
-class DetectorError(RuntimeError):
-    """The detector cannot be built or run; the message says what to do."""
-
-
-class Detector(Protocol):
-    """What the pipeline needs from a person detector (``kind``: how it finds persons, said in the
-    published status: ``yolo`` or ``full-frame``)."""
-
-    random_weights: bool
-    kind: str
-
-    def detect(self, image_rgb: np.ndarray) -> Detections: ...
-
-    def detect_batch(self, images_rgb: Sequence[np.ndarray]) -> list[Detections]: ...
 
 
 def is_offline() -> bool:
@@ -79,14 +65,6 @@ def is_offline() -> bool:
     from huggingface_hub.constants import ENV_VARS_TRUE_VALUES
 
     return any(os.environ.get(name, "").upper() in ENV_VARS_TRUE_VALUES for name in _OFFLINE_ENV)
-
-
-def _check_image(image: np.ndarray) -> None:
-    if not isinstance(image, np.ndarray) or image.ndim != 3 or image.shape[2] != 3:
-        shape = getattr(image, "shape", type(image).__name__)
-        raise ValueError(f"detector input: expected (H, W, 3) uint8 RGB, got {shape}")
-    if image.dtype != np.uint8:
-        raise ValueError(f"detector input: expected uint8, got {image.dtype}")
 
 
 def carry_boxes(xy: Tensor, scores: Tensor, threshold: float, frame_wh: Tensor, previous: Tensor,
@@ -115,21 +93,6 @@ def carry_boxes(xy: Tensor, scores: Tensor, threshold: float, frame_wh: Tensor, 
     boxes = torch.cat((lo, hi), dim=1)  # (N, 4)
     enough = (visible.sum(dim=1) >= 2) & torch.isfinite(boxes).all(dim=1)
     return torch.where(enough[:, None], boxes, previous)
-
-
-class FullFrameDetector:
-    """The whole frame is one person (box [0, 0, W, H], score 1, id 0), for close-up cameras."""
-
-    random_weights = False
-    kind = "full-frame"
-
-    def detect(self, image_rgb: np.ndarray) -> Detections:
-        _check_image(image_rgb)
-        h, w = image_rgb.shape[:2]
-        return Detections(np.array([[0, 0, w, h]], np.float32), np.ones(1, np.float32), np.zeros(1, np.int64))
-
-    def detect_batch(self, images_rgb: Sequence[np.ndarray]) -> list[Detections]:
-        return [self.detect(image) for image in images_rgb]
 
 
 def _quiet_ultralytics() -> None:
@@ -360,7 +323,7 @@ class PersonDetector:
     def detect_batch(self, images_rgb: Sequence[np.ndarray]) -> list[Detections]:
         """Find people in several frames with one forward; one Detections per frame, in order."""
         for image in images_rgb:
-            _check_image(image)
+            check_input(image)
         if not images_rgb:
             return []
         bgr = [cv2.cvtColor(image, cv2.COLOR_RGB2BGR) for image in images_rgb]  # Ultralytics reads numpy as BGR
@@ -377,7 +340,8 @@ class PersonDetector:
         want = self.device
         for image in images:
             if not isinstance(image, Tensor) or image.dtype != torch.uint8 or image.ndim != 3 or image.shape[0] != 3:
-                raise ValueError(f"detector input: expected a (3, H, W) uint8 tensor, got {getattr(image, 'shape', image)}")
+                shape = getattr(image, "shape", image)
+                raise ValueError(f"detector input: expected a (3, H, W) uint8 tensor, got {shape}")
             if image.device != want:
                 raise ValueError(f"detector input is on {image.device}, the detector on {want}")
         if not images:
