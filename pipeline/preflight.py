@@ -113,7 +113,7 @@ def preflight(cfg: RunConfig, specs: list[SourceSpec] | None = None, *, check_so
                           f"{', '.join(DETECTOR_SUFFIXES)} file")
     if cfg.detector == "yolo" and "pose" in cfg.tasks and cfg.detector_model != RunConfig.detector_model:
         from stages.detect import DetectorError
-        from stages.detect.yolo import check_detector_model  # torch: only for a model of one's own
+        from stages.detect.checkpoint import check_detector_model  # torch: only for a model of one's own
 
         try:
             check_detector_model(cfg.detector_model, cfg.trust_detector_model)
