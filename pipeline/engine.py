@@ -42,7 +42,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from stages.detect.yolo import ByteTracker, carry_boxes
+from stages.detect.tracking import ByteTracker, carry_boxes
 from stages.keypoints3d import Lift, lift, smooth3d
 from stages.sapiens2.preprocess import to_device_image, upload
 from stages.smoothing import KeypointSmoother

@@ -25,7 +25,7 @@ from torch import Tensor
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from stages.detect.yolo import ByteTracker
+    from stages.detect.tracking import ByteTracker
     from stages.smoothing import KeypointSmoother
     from stages.types import Detections, Frame
 

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from stages.detect import DetectorError, FullFrameDetector
-from stages.detect.yolo import ByteTracker, PersonDetector, carry_boxes
+from stages.detect.tracking import ByteTracker, carry_boxes
+from stages.detect.yolo import PersonDetector
 from stages.types import Detections
 
 ultralytics = pytest.importorskip("ultralytics")

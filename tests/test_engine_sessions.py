@@ -8,7 +8,7 @@ import torch
 from pipeline.engine import FrameEngine
 from pipeline.stages_setup import Stages
 from stages.detect import FullFrameDetector
-from stages.detect.yolo import ByteTracker
+from stages.detect.tracking import ByteTracker
 from stages.smoothing import KeypointSmoother
 from stages.types import Frame
 

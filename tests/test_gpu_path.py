@@ -18,7 +18,7 @@ import torch
 from pipeline.engine import FrameEngine
 from pipeline.runner import Runner
 from pipeline.stages_setup import Stages
-from stages.detect.yolo import carry_boxes
+from stages.detect.tracking import carry_boxes
 from stages.sapiens2 import load_model
 from stages.sapiens2.estimators import ESTIMATORS, NonFiniteOutputError
 from stages.sapiens2.fastpath import FastPath, compile_captures_cuda_graphs
