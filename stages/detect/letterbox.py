@@ -1,24 +1,15 @@
-"""The YOLO detector on frames already on the device: Ultralytics' letterbox redone in torch, then
-its model and its NMS called on the tensor.
+"""Ultralytics' letterbox in torch, for the YOLO detector's frames already on the device.
 
-Ultralytics letterboxes numpy frames on the host (``cv2.resize`` + ``copyMakeBorder``) and copies
-the result to the device from pageable memory: a second trip over the bus for a frame the engine has
-uploaded already. These functions make the same input from the (3, H, W) uint8 device tensor with
-the same geometry as ``ultralytics.data.augment.LetterBox`` (scale, rounding of the resized size, the
-split of the padding, grey 114 borders), so ``ultralytics.utils.ops.scale_boxes`` maps boxes back
-exactly as it does for the host path. Pixel values: OpenCV's bilinear resize works in fixed point,
-this one in float rounded to integers, so a resized pixel may differ by one grey level (never more;
-integer scale factors, and frames that need no resize, are identical).
-
-``predict_on_device`` then runs the predictor's own model (AutoBackend: fused, fp16 when asked)
-and NMS with the predictor's arguments, skipping its tensor path (which checks the input's range
-with a host read and copies the whole letterboxed batch back to the host to build its Results).
+The same geometry as ``ultralytics.data.augment.LetterBox`` (scale, rounding of the resized size, the
+split of the padding, grey 114 borders), so ``ultralytics.utils.ops.scale_boxes`` maps boxes back as
+it does for the host path. OpenCV's bilinear resize works in fixed point, this one in float rounded
+to whole grey levels: a resized pixel may differ by one level (never more); integer scale factors,
+and frames that need no resize, are identical.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -85,36 +76,4 @@ def letterbox_batch(images: list[Tensor], new_shape: int | tuple[int, int], auto
     return batch.div_(255.0)
 
 
-def rect_letterbox(predictor: Any, images: list[Tensor]) -> bool:
-    """Whether Ultralytics' pre_transform would letterbox these frames to the smallest rectangle."""
-    model = predictor.model
-    same_shapes = len({tuple(image.shape) for image in images}) == 1
-    return bool(same_shapes and predictor.args.rect and not getattr(predictor, "scale_fill", False)
-                and (model.format == "pt" or (getattr(model, "dynamic", False) and model.format != "imx")))
-
-
-def predict_on_device(predictor: Any, images: list[Tensor]) -> list[Tensor]:
-    """Frames (3, H_i, W_i) uint8 RGB on the device -> per frame (n_i, 6) x1 y1 x2 y2 score class in
-    frame pixels, on the device (one forward, one NMS, as Ultralytics' predictor does them).
-
-    ``predictor``: an Ultralytics predictor already set up (model, args, imgsz). NMS reads how many
-    boxes it kept on the host (boolean indexing): the detector is a host loop on its own stream.
-    """
-    from ultralytics.utils import nms, ops
-
-    model, args = predictor.model, predictor.args
-    pixels = letterbox_batch(images, tuple(predictor.imgsz), rect_letterbox(predictor, images), int(model.stride),
-                             half=bool(model.fp16))  # (B, 3, h, w)
-    preds = predictor.inference(pixels)
-    kept = nms.non_max_suppression(preds, args.conf, args.iou, args.classes, args.agnostic_nms, max_det=args.max_det,
-                                   nc=0, end2end=getattr(model, "end2end", False), rotated=False)
-    out = []
-    for det, image in zip(kept, images):
-        det = det.clone()
-        det[:, :4] = ops.scale_boxes(tuple(pixels.shape[2:]), det[:, :4], tuple(image.shape[1:]))  # (n, 4)
-        out.append(det)
-    return out
-
-
-__all__ = ["PAD_VALUE", "LetterboxGeometry", "letterbox", "letterbox_batch", "letterbox_geometry",
-           "predict_on_device", "rect_letterbox"]
+__all__ = ["PAD_VALUE", "LetterboxGeometry", "letterbox", "letterbox_batch", "letterbox_geometry"]

@@ -1,33 +1,13 @@
-"""Person detectors: Ultralytics YOLO (person class only) and a full-frame stand-in; ByteTrack ids.
+"""The YOLO person detector: Ultralytics' YOLO restricted to the person class, ``Detections`` by score.
 
-Both detectors share one interface: ``detect(image_rgb) -> Detections``, ``detect_batch(images)``
-(one forward for the frames of several sources), ``reset()`` and a ``random_weights`` attribute
-that annotators and publishers use to label meaningless output. The YOLO detector also takes the
-frames already on its device (``detect_tensors``: letterbox on the device, stages.detect.letterbox), which
-the engine uses so that a frame crosses the bus once. Tracking is separate
-(:class:`ByteTracker`, one per source), so frames of several cameras can share a detector batch.
-Between detector runs (``detect_every``) the engine carries boxes from the keypoints of the frame
-before with :func:`carry_boxes`, on the device.
-
-Safety: a ``.pt`` file is a pickle, and unpickling one runs whatever code it holds; a file named
-``yolo11n.pt`` in the current folder may be anybody's. So without ``trust=True``
-(``--trust-detector-model``) every ``.pt``, official names included, is first read by PyTorch's
-restricted unpickler (``weights_only=True``) that may build only what a YOLO checkpoint is made of
-(the layer classes of torch.nn and of Ultralytics' model modules, tensors and plain containers):
-a file that names anything else (``os.system``, ``builtins.open``, ...) is refused, naming it. The
-checked bytes are the ones Ultralytics then loads (from a private copy), so the file cannot change
-in between. ``.yaml`` models are built with random weights and need no files.
-
-Offline behaviour: a ``.pt`` name that is not on this machine raises ``DetectorError`` before
-Ultralytics is asked to download it when ``YOLO_OFFLINE=1`` or ``HF_HUB_OFFLINE=1``; otherwise
-Ultralytics may download it once, and any failure becomes the same one-line ``DetectorError``.
-Ultralytics' pip auto-install and usage analytics are switched off in-process (its settings file is
-not touched).
+``detect`` / ``detect_batch`` take host frames; ``detect_tensors`` takes frames already on the
+detector's device (the engine's upload): letterbox there (stages.detect.letterbox), then the
+predictor's own model and NMS on the tensor (``predict_on_device``), one copy of the boxes to the host.
+Every Ultralytics failure becomes a one-line ``DetectorError``; the process's CPU thread count stays.
 
 Ultralytics times each predict step with a device-wide ``synchronize()``, which would make the
-detector wait for the Sapiens2 work queued on the other CUDA streams and undo their overlap. Its
-timers are objects local to the predictor's loop, so no supported hook reaches them: their clock
-is wrapped once, and skips the synchronisation only on a thread that is inside our ``detect``.
+detector wait for the Sapiens2 work queued on the other CUDA streams. No supported hook reaches those
+timers: their clock is wrapped once, and skips the synchronisation only on a thread inside our predict.
 """
 
 from __future__ import annotations
@@ -50,6 +30,7 @@ from stages.types import Detections
 
 from . import DetectorError, check_input
 from .checkpoint import load_yolo
+from .letterbox import letterbox_batch
 
 log = logging.getLogger(__name__)
 
@@ -107,8 +88,6 @@ class PersonDetector:
         """Find people in frames already on the detector's device, (3, H, W) uint8 RGB tensors: letterbox,
         normalisation, forward and NMS on the device (the frame is not uploaded again), one copy of all
         frames' boxes to the host. The same boxes as ``detect_batch`` (see stages.detect.letterbox)."""
-        from .letterbox import predict_on_device
-
         want = self.device
         for image in images:
             if not isinstance(image, Tensor) or image.dtype != torch.uint8 or image.ndim != 3 or image.shape[0] != 3:
@@ -181,6 +160,38 @@ class PersonDetector:
         xyxy, scores = xyxy.astype(np.float32), scores.astype(np.float32)  # (N, 4), (N,)
         order = np.argsort(-scores, kind="stable")[: self.max_persons]
         return Detections(xyxy[order], scores[order], np.full(len(order), -1, np.int64))
+
+
+def rect_letterbox(predictor: Any, images: list[Tensor]) -> bool:
+    """Whether Ultralytics' pre_transform would letterbox these frames to the smallest rectangle."""
+    model = predictor.model
+    same_shapes = len({tuple(image.shape) for image in images}) == 1
+    return bool(same_shapes and predictor.args.rect and not getattr(predictor, "scale_fill", False)
+                and (model.format == "pt" or (getattr(model, "dynamic", False) and model.format != "imx")))
+
+
+def predict_on_device(predictor: Any, images: list[Tensor]) -> list[Tensor]:
+    """Frames (3, H_i, W_i) uint8 RGB on the device -> per frame (n_i, 6) x1 y1 x2 y2 score class in
+    frame pixels, on the device (one forward, one NMS, as Ultralytics' predictor does them; its own tensor
+    path reads the input's range on the host and copies the letterboxed batch back to build Results).
+
+    ``predictor``: an Ultralytics predictor already set up (model, args, imgsz). NMS reads how many
+    boxes it kept on the host (boolean indexing): the detector is a host loop on its own stream.
+    """
+    from ultralytics.utils import nms, ops
+
+    model, args = predictor.model, predictor.args
+    pixels = letterbox_batch(images, tuple(predictor.imgsz), rect_letterbox(predictor, images), int(model.stride),
+                             half=bool(model.fp16))  # (B, 3, h, w)
+    preds = predictor.inference(pixels)
+    kept = nms.non_max_suppression(preds, args.conf, args.iou, args.classes, args.agnostic_nms, max_det=args.max_det,
+                                   nc=0, end2end=getattr(model, "end2end", False), rotated=False)
+    out = []
+    for det, image in zip(kept, images):
+        det = det.clone()
+        det[:, :4] = ops.scale_boxes(tuple(pixels.shape[2:]), det[:, :4], tuple(image.shape[1:]))  # (n, 4)
+        out.append(det)
+    return out
 
 
 _local = threading.local()
