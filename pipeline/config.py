@@ -23,7 +23,7 @@ from sapiens2_client.endpoints import check_endpoint
 from sapiens2_client.wire import check_source_id
 from stages.errors import ConfigError
 from stages.sapiens2.config import TASKS
-from stages.sapiens2.switches import ATTENTION_NAMES, COMPILE_MODES, CUDA_GRAPHS
+from stages.sapiens2.fastpath_options import ATTENTION_NAMES, COMPILE_MODES, CUDA_GRAPHS
 
 from .mocap.options import MocapFields
 from .options import option, parse_auto_bool, parse_checkpoint, parse_size

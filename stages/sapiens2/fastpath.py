@@ -28,8 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from .fastpath_options import ATTENTION_NAMES, COMPILE_MODES, CUDA_GRAPHS
 from .model import Sapiens2
-from .switches import ATTENTION_NAMES, COMPILE_MODES, CUDA_GRAPHS
 
 log = logging.getLogger(__name__)
 
