@@ -20,7 +20,7 @@ from sapiens2_client.display import no_display
 from sapiens2_client.jsonl import JsonlError, LineWriter
 from sapiens2_client.paths import unwritable
 from sapiens2_client.video import RECORD_SUFFIXES
-from stages.sapiens2.names import is_hub_id
+from stages.sapiens2.checkpoint_source import is_hub_id
 
 from .config import ConfigError, RunConfig, flag_of
 from .sourcespecs import SourceSpec, missing_file
