@@ -21,9 +21,8 @@ from sapiens2_client import wire
 from sapiens2_client.subscriber import FrameMessage, ReceiveTimeout, Subscriber
 from stages.sapiens2 import fastpath as fastpath_mod
 from stages.sapiens2 import load_model
-from stages.sapiens2.buckets import BATCH_BUCKETS
 from stages.sapiens2.estimators import ESTIMATORS
-from stages.sapiens2.fastpath import FastPath
+from stages.sapiens2.fastpath import BATCH_BUCKETS, FastPath
 from stages.sapiens2.tiny import make_tiny
 from stages.types import Detections, Frame, FrameResult, StreamInfo
 
