@@ -27,10 +27,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .support import need
 from .fleet_worker import GpuWorker, node_id
 from .fleetspec import Camera, FleetSpec, place
 from .mirror import Mirror
+from .prerequisites import need
 
 log = logging.getLogger(__name__)
 NAMESPACE = "sapiens2-stream"
