@@ -1,8 +1,8 @@
 """Person detection and tracking: the interface every detector keeps, and the full-frame detector.
 
-A detector takes (H, W, 3) uint8 RGB frames and returns one ``Detections`` per frame, untracked
-(track id -1): ``detect(image)``, or ``detect_batch(images)`` for the frames of several sources in
-one forward. ``random_weights`` says its output is meaningless (annotators and publishers label it).
+A detector takes (H, W, 3) uint8 RGB frames and returns one ``Detections`` per frame:
+``detect(image)``, or ``detect_batch(images)`` for the frames of several sources in one forward.
+``random_weights`` says its output is meaningless (annotators and publishers label it).
 The YOLO detector is ``stages.detect.yolo``, its checkpoints ``stages.detect.checkpoint``, ids and
 boxes between detector runs ``stages.detect.tracking``.
 """
