@@ -64,7 +64,7 @@ from pipeline.sinks.recorder import VideoRecorder  # noqa: E402
 from pipeline.sources import SourceEnded  # noqa: E402
 from pipeline.sources.readers import open_file  # noqa: E402
 from stages.annotate import compose_annotators  # noqa: E402
-from stages.detector import FullFrameDetector  # noqa: E402
+from stages.detect import FullFrameDetector  # noqa: E402
 from stages.device import resolve_device  # noqa: E402
 from stages.sapiens2.fastpath import FastPath  # noqa: E402
 from stages.sapiens2.preprocess import to_device_image  # noqa: E402
@@ -294,11 +294,11 @@ def bench_device_steps(r: Report, images: list[np.ndarray], device: torch.device
     detector's letterbox and NMS, the pose decode of one person at the real heatmap size."""
     from ultralytics.utils import nms, ops
 
+    from stages.detect.letterbox import letterbox_batch
     from stages.sapiens2.postprocess import decode_pose
-    from stages.yolo_device import letterbox_batch
 
     frame = to_device_image(images[0], device)
-    r.add("device", "detector letterbox 1080p -> 384x640 (stages.yolo_device)", "info",
+    r.add("device", "detector letterbox 1080p -> 384x640 (stages.detect.letterbox)", "info",
           r.time(lambda: letterbox_batch([frame], 640, auto=True), device), False, note="GPU kernels on CUDA")
     gen = torch.Generator().manual_seed(0)
     preds = torch.rand(1, 84, 5040, generator=gen).to(device) * 0.1  # YOLO11n at 384x640: 5040 anchors

@@ -383,7 +383,7 @@ def warm_reachable(engine, persons: int) -> None:
     """Warm what these steps reach, each on the lane that replays it: pose at the bucket of ``persons``
     (the only one fixed boxes reach: the engine's warm_up would capture every bucket below it too)
     and the dense stages at one frame."""
-    from stages.sapiens2.buckets import bucket
+    from stages.sapiens2.fastpath import bucket
 
     pose = engine.stages.estimators["pose"]
     with torch.inference_mode(), engine.streams.use("pose"):

@@ -78,7 +78,8 @@ def _yolo(ctx: Ctx):
 
     ``half`` is PersonDetector's own argument: on CUDA it asks Ultralytics for ``quantize=16``;
     nothing here passes the deprecated ``half`` to Ultralytics itself."""
-    from stages.detector import DetectorError, PersonDetector
+    from stages.detect import DetectorError
+    from stages.detect.yolo import PersonDetector
 
     try:
         return PersonDetector("yolo11n.yaml", device="cuda:0" if ctx.cuda else "cpu", half=ctx.cuda), ""

@@ -1,4 +1,4 @@
-"""ChArUco calibration (stages/mocap/charuco.py, pipeline/mocap/calibrate_cmd.py) on board views
+"""ChArUco calibration (stages/mocap/charuco.py, pipeline/mocap/calibrate.py) on board views
 rendered through four cameras of known calibration (pipeline/mocap/synthetic/board.py): the recovered
 intrinsics, poses and world frame, the rig file, the Pose2Sim and aniposelib files, the errors."""
 
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tomllib
 
-from pipeline.mocap.calibrate_cmd import main as calibrate_main
+from pipeline.mocap.calibrate import main as calibrate_main
 from pipeline.mocap.synthetic.board import BoardPose, Renderer, board_poses, rig_cameras
 from stages.mocap.camera import CalibrationError, Camera, read_rig
 from stages.mocap.charuco import Board, Detection, calibrate_rig, detect

@@ -13,13 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from stages.detector import (
-    ByteTracker,
-    DetectorError,
-    FullFrameDetector,
-    PersonDetector,
-    carry_boxes,
-)
+from stages.detect import DetectorError, FullFrameDetector
+from stages.detect.tracking import ByteTracker, carry_boxes
+from stages.detect.yolo import PersonDetector
 from stages.types import Detections
 
 ultralytics = pytest.importorskip("ultralytics")
@@ -298,7 +294,7 @@ def test_detect_does_not_synchronise_the_device(monkeypatch) -> None:
 
     import ultralytics.utils.ops as ops
 
-    from stages.detector import _no_device_sync
+    from stages.detect.yolo import _no_device_sync
 
     calls = []
 

@@ -1,4 +1,4 @@
-"""The YOLO detector on frames already on the device (stages.yolo_device), run here on the CPU:
+"""The YOLO detector on frames already on the device (stages.detect.letterbox), run here on the CPU:
 Ultralytics' letterbox geometry redone in torch, the same boxes as the host path, and each frame
 turned into a tensor once per step (on a GPU: one upload, which the detector shares)."""
 
@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import torch
 
-from stages.detector import PersonDetector
+from stages.detect.letterbox import PAD_VALUE, letterbox, letterbox_geometry
+from stages.detect.yolo import PersonDetector
 from stages.types import Frame
-from stages.yolo_device import PAD_VALUE, letterbox, letterbox_geometry
 
 ultralytics = pytest.importorskip("ultralytics")
 from ultralytics.data.augment import LetterBox

@@ -7,7 +7,8 @@ import torch
 
 from pipeline.run.build import Stages
 from pipeline.run.engine import FrameEngine
-from stages.detector import ByteTracker, FullFrameDetector
+from stages.detect import FullFrameDetector
+from stages.detect.tracking import ByteTracker
 from stages.smoothing import KeypointSmoother
 from stages.types import Frame
 

@@ -21,9 +21,8 @@ from pipeline.run.build import build_stages, fastpath_from
 from pipeline.sinks.publisher import JpegEncoder, ZmqPublisher
 from stages.sapiens2 import fastpath as fastpath_mod
 from stages.sapiens2 import load_model
-from stages.sapiens2.buckets import BATCH_BUCKETS
 from stages.sapiens2.estimators import estimator_for
-from stages.sapiens2.fastpath import FastPath
+from stages.sapiens2.fastpath import BATCH_BUCKETS, FastPath
 from stages.sapiens2.tiny import make_tiny
 from stages.tasks import TASKS
 from stages.types import Detections, Frame, FrameResult, StreamInfo

@@ -18,7 +18,7 @@ import torch
 from pipeline.run.build import Stages
 from pipeline.run.engine import FrameEngine
 from pipeline.run.runner import Runner
-from stages.detector import carry_boxes
+from stages.detect.tracking import carry_boxes
 from stages.sapiens2 import load_model
 from stages.sapiens2.estimators import NonFiniteOutputError, estimator_for
 from stages.sapiens2.fastpath import FastPath, compile_captures_cuda_graphs

@@ -21,7 +21,7 @@ from pipeline.run.engine import FrameEngine
 from pipeline.run.runner import Runner
 from pipeline.sources import Source
 from pipeline.sources.demo import SyntheticCamera
-from stages.detector import FullFrameDetector
+from stages.detect import FullFrameDetector
 from stages.sapiens2 import load_model
 from stages.sapiens2.estimators import estimator_for
 from stages.sapiens2.tiny import make_tiny

@@ -264,7 +264,7 @@ def test_reconnect_is_marked_in_the_jsonl_and_the_status_and_pts_keep_increasing
     from pipeline.sources import Source
     from pipeline.sources.demo import SyntheticCamera
     from sapiens2_client.subscriber import ReceiveTimeout, StatusMessage, Subscriber
-    from stages.detector import FullFrameDetector
+    from stages.detect import FullFrameDetector
 
     camera = SyntheticCamera(fps=100.0)
     source = Source(camera.open, label="synthetic", source_id="cam0", live=True, reconnect=True, stall_timeout_s=0.3,

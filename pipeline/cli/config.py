@@ -25,7 +25,7 @@ from pipeline.cli.options import option, parse_auto_bool, parse_checkpoint, pars
 from pipeline.cli.sourcespecs import SourceSpec, name_sources
 from pipeline.mocap.options import MocapFields
 from stages.errors import ConfigError
-from stages.sapiens2.switches import ATTENTION_NAMES, COMPILE_MODES, CUDA_GRAPHS
+from stages.sapiens2.fastpath_options import ATTENTION_NAMES, COMPILE_MODES, CUDA_GRAPHS
 from stages.tasks import TASKS, layers
 
 __all__ = ["ConfigError", "RunConfig", "load_config", "merge", "option"]

@@ -22,7 +22,7 @@ from sapiens2_client.video import RECORD_SUFFIXES
 
 from pipeline.cli.config import ConfigError, RunConfig, flag_of
 from pipeline.cli.sourcespecs import SourceSpec, missing_file
-from stages.sapiens2.names import is_hub_id
+from stages.sapiens2.checkpoint_source import is_hub_id
 from stages.tasks import by_architecture
 
 # what Ultralytics loads as a detector (weights, its exports, or an architecture with random weights)
@@ -112,7 +112,10 @@ def preflight(cfg: RunConfig, specs: list[SourceSpec] | None = None, *, check_so
         raise ConfigError(f"detector_model: {cfg.detector_model!r} is not a model Ultralytics loads; use a "
                           f"{', '.join(DETECTOR_SUFFIXES)} file")
     if cfg.detector == "yolo" and "pose" in cfg.tasks and cfg.detector_model != RunConfig.detector_model:
-        from stages.detector import DetectorError, check_detector_model  # torch: only for a model of one's own
+        from stages.detect import DetectorError
+        from stages.detect.checkpoint import (
+            check_detector_model,  # torch: only for a model of one's own
+        )
 
         try:
             check_detector_model(cfg.detector_model, cfg.trust_detector_model)

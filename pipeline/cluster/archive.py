@@ -60,7 +60,7 @@ from .archive_files import (
     write_atomic,
 )
 from .archive_report import Progress, print_summary
-from .support import need, unanswered
+from .prerequisites import need, unanswered
 
 if TYPE_CHECKING:  # the models' modules load torch: imported where a command runs, not by the CLI's parser
     from pipeline.cli.config import RunConfig

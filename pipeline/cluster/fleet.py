@@ -30,7 +30,7 @@ from typing import Any
 from .fleet_worker import GpuWorker, node_id
 from .fleetspec import Camera, FleetSpec, place
 from .mirror import Mirror
-from .support import need
+from .prerequisites import need
 
 log = logging.getLogger(__name__)
 NAMESPACE = "sapiens2-stream"

@@ -13,9 +13,9 @@ import time
 from typing import Any
 from urllib.parse import urlparse
 
-from .support import need, unanswered
 from .fleet import HEAD_RESOURCE, NAMESPACE, FleetController, controller_name
 from .fleetspec import FleetError, camera_from, load_fleet
+from .prerequisites import need, unanswered
 
 ACTIONS = ("up", "add", "remove", "status", "down")
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from sapiens2_client import wire
 from sapiens2_client.messages import Message
 
-from .support import need
+from .prerequisites import need
 from .streams import connect, decode_entry
 
 if TYPE_CHECKING:

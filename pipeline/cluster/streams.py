@@ -41,7 +41,7 @@ from sapiens2_client.endpoints import check_endpoint
 from sapiens2_client.keys import CurveClientKeys, KeysError
 from sapiens2_client.messages import KeypointsMessage, Message, StatusMessage, decode_message
 
-from .support import need
+from .prerequisites import need
 
 if TYPE_CHECKING:
     import redis

@@ -18,7 +18,7 @@ from pathlib import Path
 from sapiens2_client.cli import positive
 from stages.errors import ConfigError
 
-from .calibrate_cmd import add_board_flags, board_of
+from .calibrate import add_board_flags, board_of
 
 log = logging.getLogger(__name__)
 INCH_M = 0.0254

@@ -1,4 +1,4 @@
-"""Motion-capture commands: ``calibrate`` (pipeline.mocap.calibrate_cmd), ``calibrate board``
+"""Motion-capture commands: ``calibrate`` (pipeline.mocap.calibrate), ``calibrate board``
 (pipeline.mocap.board_cmd), ``demo-rig`` (pipeline.mocap.demo_cmd), ``triangulate`` (world
 skeletons from the keypoint files of a recorded run, through the live run's world step) and
 ``export-world`` (a world JSONL as TRC, CSV or NumPy).
@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Register calibrate, calibrate-board, demo-rig, triangulate and export-world."""
     from .board_cmd import add_board_parser
-    from .calibrate_cmd import add_calibrate_parser
+    from .calibrate import add_calibrate_parser
     from .demo_cmd import add_demo_parser
 
     add_calibrate_parser(subparsers)

@@ -13,13 +13,20 @@ from pathlib import Path
 import torch
 
 from pipeline.cli.config import RunConfig
-from stages.detector import Detector, DetectorError, FullFrameDetector, PersonDetector
+from stages.detect import Detector, DetectorError, FullFrameDetector
+from stages.detect.yolo import PersonDetector
 from stages.device import DeviceError, resolve_device
 from stages.metadata import load_metadata
 from stages.sapiens2.estimators import estimator_for
 from stages.sapiens2.fastpath import FastPath
 from stages.sapiens2.tiny import make_tiny
-from stages.sapiens2.weights import CheckpointError, cache_root, is_hub_id, load_model, locate
+from stages.sapiens2.weights import (
+    CheckpointError,
+    cache_root,
+    is_hub_id,
+    load_model,
+    locate,
+)
 from stages.tasks import TASKS
 
 log = logging.getLogger(__name__)

@@ -53,7 +53,7 @@ from pipeline.run.streams import (
     Streams,
     all_finite,
 )
-from stages.detector import ByteTracker, carry_boxes
+from stages.detect.tracking import ByteTracker, carry_boxes
 from stages.keypoints3d import Lift, lift, smooth3d
 from stages.sapiens2.preprocess import to_device_image, upload
 from stages.smoothing import KeypointSmoother

@@ -27,7 +27,7 @@ from stages.tasks import streams
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from stages.detector import ByteTracker
+    from stages.detect.tracking import ByteTracker
     from stages.smoothing import KeypointSmoother
     from stages.types import Detections, Frame
 

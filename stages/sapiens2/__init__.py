@@ -1,7 +1,7 @@
 """Sapiens2 inference core: model, loading, pre/post-processing and task estimators.
 
 The model and its loader (torch) are imported on first use, so that the configuration side
-(``stages.sapiens2.config``, ``.switches``) can be checked without torch.
+(``stages.sapiens2.config``, ``.fastpath_options``) can be checked without torch.
 """
 
 from __future__ import annotations

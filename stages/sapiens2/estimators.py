@@ -21,9 +21,8 @@ from torch import Tensor
 
 from ..tasks import get_task
 from ..types import Keypoints, Matte
-from .buckets import bucket, bucket_sizes
 from .config import check_image_size
-from .fastpath import FastPath
+from .fastpath import FastPath, bucket, bucket_sizes
 from .forward import FastForward
 from .model import Sapiens2
 from .postprocess import composite, decode_pose, flip_back, matting_maps, normal_maps, pointmaps, seg_classes

@@ -1,4 +1,4 @@
-"""Fast-path options of a Sapiens2 estimator, and the attention kernels.
+"""Fast-path options of a Sapiens2 estimator, the attention kernels, and the batch buckets.
 
     fp = FastPath(attention="flash", compile="max-autotune")   # cuda_graphs="auto": on for CUDA
     pose = PoseEstimator(model, fastpath=fp)
@@ -7,15 +7,16 @@
 - ``attention``: which scaled-dot-product-attention kernels the forward may use ("auto" lets PyTorch
   choose). A backend that cannot run this model here (CPU, unsupported head size, dtype or GQA) falls
   back to "auto" with one warning instead of failing mid-stream.
-- ``channels_last``: the decode head's convolutions in NHWC. ``None`` (auto) is off: on an H200 it
-  was 2% slower than NCHW at pose x4 (2026-12-04).
+- ``channels_last``: the decode head's convolutions in NHWC; ``None`` (auto) is off.
 - ``compile``: ``torch.compile`` of the forward with static shapes and ``fullgraph``, compiled in the
   background while the stage runs eager, each shape switched over when ready (stages.sapiens2.compiled).
 - ``cuda_graphs``: "auto" (on for CUDA), "on" or "off": each input shape's forward, eager or
   compiled, captured once as a CUDA graph on its stage's stream and replayed (stages.sapiens2.graphs).
 
 Every fast path is checked against the eager forward on the user's device before it is used and
-switched off for the run if it disagrees (stages.sapiens2.forward).
+switched off for the run if it disagrees (stages.sapiens2.forward). Person batches are padded to
+``BATCH_BUCKETS`` (``bucket``) so that each of these sees a few shapes. The names each option takes
+are in stages.sapiens2.fastpath_options (torch-free).
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from .fastpath_options import ATTENTION_NAMES, COMPILE_MODES, CUDA_GRAPHS
 from .model import Sapiens2
-from .switches import ATTENTION_NAMES, COMPILE_MODES, CUDA_GRAPHS
 
 log = logging.getLogger(__name__)
 
@@ -154,5 +155,24 @@ def probe_attention(attention: str, model: Sapiens2, input_size: tuple[int, int]
     return None
 
 
-__all__ = ["ATTENTION_BACKENDS", "COMPILE_MODES", "FastPath", "attention_context", "compile_captures_cuda_graphs",
-           "probe_attention"]
+# Person batches are padded to a few fixed sizes so that cuDNN autotuning, compiled graphs and CUDA
+# graphs each see a handful of shapes, not one per person count.
+BATCH_BUCKETS = (1, 2, 4, 8, 16)
+
+
+def bucket(n: int, buckets: tuple[int, ...] = BATCH_BUCKETS) -> int:
+    """Smallest bucket holding n (multiples of the largest beyond it)."""
+    for b in buckets:
+        if n <= b:
+            return b
+    top = buckets[-1]
+    return -(-n // top) * top
+
+
+def bucket_sizes(max_batch: int, buckets: tuple[int, ...] = BATCH_BUCKETS) -> list[int]:
+    """Every bucket a batch of 1..max_batch lands in, ascending."""
+    return sorted({bucket(n, buckets) for n in range(1, max(1, max_batch) + 1)})
+
+
+__all__ = ["ATTENTION_BACKENDS", "BATCH_BUCKETS", "COMPILE_MODES", "FastPath", "attention_context", "bucket",
+           "bucket_sizes", "compile_captures_cuda_graphs", "probe_attention"]

@@ -23,11 +23,17 @@ from torch import Tensor
 
 from ..device import resolve_device
 from ..tasks import TASKS
+from .checkpoint_source import is_hub_id
 from .config import ConfigError, Sapiens2Config
 from .configjson import config_from_json, infer_config
 from .model import Sapiens2
-from .names import is_hub_id
-from .remap import detect_layout, fuse_qkv, normalise_original, reference_to_original, split_qkv
+from .remap import (
+    detect_layout,
+    fuse_qkv,
+    normalise_original,
+    reference_to_original,
+    split_qkv,
+)
 
 log = logging.getLogger(__name__)
 RANDOM_INIT_KEY = "sapiens2_stream"  # safetensors metadata written by make-tiny

@@ -10,7 +10,7 @@ and written as one TOML file in Pose2Sim's and aniposelib's layout; ``--fisheye`
 fisheye model instead of the pinhole one. Live cameras are read until ``--max-views`` or Ctrl-C,
 a view taken where the board stood still in each of them (``LiveViews``).
 Every failure is one ``error: ...`` line and a non-zero exit.
-``python -m pipeline.mocap.calibrate_cmd calibrate ...`` runs it standalone.
+``python -m pipeline.mocap.calibrate calibrate ...`` runs it standalone.
 """
 
 from __future__ import annotations
@@ -289,7 +289,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Standalone entry: ``python -m pipeline.mocap.calibrate_cmd calibrate ...``."""
+    """Standalone entry: ``python -m pipeline.mocap.calibrate calibrate ...``."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     parser = OneLineParser(prog="sapiens2-stream")
     add_calibrate_parser(parser.add_subparsers(dest="command", required=True))

@@ -1,6 +1,6 @@
-"""What the cluster modules share: the optional dependencies of the ``[cluster]`` extra, imported
-only where a command runs (so the plain install's CLI works and says what to install), and a probe
-that tells a live service from a silent port in seconds."""
+"""What a cluster command needs before it runs: the packages of the ``[cluster]`` extra, imported
+only where a command runs (so the plain install's CLI works and says what to install), and a live
+service at an address, told from a silent port in seconds."""
 
 from __future__ import annotations
 
