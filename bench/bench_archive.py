@@ -1,9 +1,9 @@
 """Archive throughput: ``sapiens2-stream batch`` with W workers against one process looping over the same
 files with the same models.
 
-    .venv/bin/python bench/bench_archive.py                                   # 8 clips, tiny pose, CPU
-    .venv/bin/python bench/bench_archive.py --videos 32 --frames 60 --workers 1 2 4 --json out/archive.json
-    .venv/bin/python bench/bench_archive.py --run-args "--tasks pose,seg --device cuda" --workers 1 2
+    .venv/bin/python -m bench.bench_archive                                   # 8 clips, tiny pose, CPU
+    .venv/bin/python -m bench.bench_archive --videos 32 --frames 60 --workers 1 2 4 --json out/archive.json
+    .venv/bin/python -m bench.bench_archive --run-args "--tasks pose,seg --device cuda" --workers 1 2
 
 Both sides run the same code per video (``pipeline.cluster.archive.process_video``: PyAV decode, the
 models, annotation, the mp4 encode and the keypoint JSONL) with the same config, parsed from
@@ -39,13 +39,11 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.harness import dump_json, load_average, machine_info, table, wait_quiet  # noqa: E402
-from pipeline.cli import build_parser  # noqa: E402
-from pipeline.cluster.archive import SUMMARY, Item, batch_config, process_video  # noqa: E402
-from pipeline.stages_setup import build_stages  # noqa: E402
-from tests.cliutil import make_video  # noqa: E402
+from bench.harness import dump_json, load_average, machine_info, table, wait_quiet
+from pipeline.cli import build_parser
+from pipeline.cluster.archive import SUMMARY, Item, batch_config, process_video
+from pipeline.stages_setup import build_stages
+from tests.cliutil import make_video
 
 CLI = [str(Path(sys.executable).parent / "sapiens2-stream")]
 OFFLINE_RUN_ARGS = "--tasks pose --detector full-frame --fallback-tiny --device cpu --dtype float32 --no-progress"

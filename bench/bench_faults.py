@@ -2,8 +2,8 @@
 subscriber's peak memory under an image bomb, and the pipeline's frame rate with no subscriber,
 a reading one and a stopped one (SIGSTOP).
 
-    .venv/bin/python bench/bench_faults.py [--json out.json]
-    .venv/bin/python bench/bench_faults.py --repo /tmp/before   # another checkout, same environment
+    .venv/bin/python -m bench.bench_faults [--json out.json]
+    .venv/bin/python -m bench.bench_faults --repo /tmp/before   # another checkout, same environment
 
 ``--repo`` runs the command line and the subscriber of another checkout (e.g. a git worktree of
 an older commit) with this environment, so one machine gives the before and after figures.

@@ -9,8 +9,8 @@ process CPU time per step (steadier on a shared machine). Target: 4 persons x 4 
 throws a quarter of one person's keypoints 40 px off in one camera (scores kept high): the points
 that then look for their consensus view by view, the slow path.
 
-    .venv/bin/python bench/bench_triangulate.py [--iters 200] [--wait-quiet 60] [--json out.json]
-    .venv/bin/python bench/bench_triangulate.py --smoke   # each case once, seconds (CI)
+    .venv/bin/python -m bench.bench_triangulate [--iters 200] [--wait-quiet 60] [--json out.json]
+    .venv/bin/python -m bench.bench_triangulate --smoke   # each case once, seconds (CI)
 """
 
 from __future__ import annotations
@@ -18,15 +18,12 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.harness import add_common_args, dump_json, load_average, machine_info, measure, table, wait_quiet  # noqa: E402
-from pipeline.mocap.synthetic.people import base_skeleton, observe, pose_at, ring_rig, throw_off  # noqa: E402
-from stages.mocap.fuse import CameraView, WorldFuser  # noqa: E402
+from bench.harness import add_common_args, dump_json, load_average, machine_info, measure, table, wait_quiet
+from pipeline.mocap.synthetic.people import base_skeleton, observe, pose_at, ring_rig, throw_off
+from stages.mocap.fuse import CameraView, WorldFuser
 
 TARGET_MS = 2.0  # 4 persons x 4 cameras
 

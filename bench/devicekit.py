@@ -21,12 +21,7 @@ from typing import Any, Callable
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-for _path in (REPO, REPO / "clients" / "python"):  # sapiens2_client lives there (no install on the device)
-    if str(_path) not in sys.path:
-        sys.path.insert(0, str(_path))
-
-from bench.harness import measure, percentile  # noqa: E402
+from bench.harness import REPO, measure, percentile
 
 OUR_CODE = (str(REPO / "stages"), str(REPO / "pipeline"))  # where a host sync is ours to fix
 # The smoke run's tiny models: 3 layers (GQA in the middle one) at a 128x96 input, so that every phase's

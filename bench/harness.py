@@ -14,7 +14,6 @@ import argparse
 import json
 import platform
 import statistics
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -22,8 +21,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
-
+REPO = Path(__file__).resolve().parents[1]  # the repository root: `python -m bench.<name>` runs there
 
 @dataclass
 class Stats:
@@ -235,5 +233,5 @@ def dump_json(path: str | Path, data: Any) -> None:
     Path(path).write_text(json.dumps(data, indent=2, default=default))
 
 
-__all__ = ["Stats", "Timer", "cpu_busy", "dump_json", "load_average", "machine_info", "measure",
+__all__ = ["REPO", "Stats", "Timer", "cpu_busy", "dump_json", "load_average", "machine_info", "measure",
            "measure_interleaved", "percentile", "table", "wait_quiet"]
