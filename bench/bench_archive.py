@@ -29,7 +29,6 @@ import json
 import logging
 import os
 import shlex
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -39,7 +38,7 @@ from typing import Any
 
 import torch
 
-from bench.harness import dump_json, load_average, machine_info, table, wait_quiet
+from bench.harness import dump_json, load_average, machine_info, percentile, table, wait_quiet
 from pipeline.cli import build_parser
 from pipeline.cluster.archive import SUMMARY, Item, batch_config, process_video
 from pipeline.stages_setup import build_stages
@@ -64,7 +63,7 @@ def figures(mode: str, rows: list[dict[str, Any]], total_s: float) -> dict[str, 
     frames = sum(r["frames"] for r in done)
     steady = max(r["finished"] for r in done) - min(r["started"] for r in done) if done else float("nan")
     return {"mode": mode, "videos": len(done), "failed": len(rows) - len(done), "frames": frames,
-            "video_s_p50": statistics.median(r["seconds"] for r in done) if done else float("nan"),
+            "video_s_p50": percentile([r["seconds"] for r in done], 50) if done else float("nan"),
             "total_s": total_s, "steady_s": steady, "videos_per_s": len(done) / steady,
             "frames_per_s": frames / steady, "videos_per_s_e2e": len(done) / total_s,
             "frames_per_s_e2e": frames / total_s}

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench.harness import REPO
+from bench.harness import REPO, percentile
 from pipeline.engine import FrameEngine
 from pipeline.runner import Runner
 from pipeline.stages_setup import Stages
@@ -124,8 +124,8 @@ def run_batched(n: int, frames: int, ckpts: dict[str, Path], device: torch.devic
     if stats.error is not None:
         raise stats.error
     return {"fps": stats.frames / elapsed, "frames": stats.frames, "steps": stats.steps, "start": wall0,
-            "end": wall0 + elapsed, "p50_ms": float(np.percentile(sink.ms, 50)),
-            "p95_ms": float(np.percentile(sink.ms, 95)), "memory_mb": peak_memory_mb(device)}
+            "end": wall0 + elapsed, "p50_ms": percentile(sink.ms, 50), "p95_ms": percentile(sink.ms, 95),
+            "memory_mb": peak_memory_mb(device)}
 
 
 def peak_memory_mb(device: torch.device) -> float:

@@ -22,7 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.devicekit import REPO, Ctx, percentile
+from bench.devicekit import REPO, Ctx
+from bench.harness import percentile
 
 ROWS = (  # label, tasks, detector flags, sources, extra flags
     ("pose, full frame", "pose", ["--detector", "full-frame"], 1, []),
