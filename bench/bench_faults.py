@@ -270,7 +270,8 @@ def main() -> int:
             def median(mode: str, key: str) -> float:
                 return statistics.median(r[key] for r in runs[mode])
 
-            rows += [dict(case=f"subscriber: {mode}", fps=median(mode, "fps"), fps_runs=[round(r["fps"], 1) for r in got],
+            rows += [dict(case=f"subscriber: {mode}", fps=median(mode, "fps"),
+                          fps_runs=[round(r["fps"], 1) for r in got],
                           fps_vs_none=median(mode, "fps") / median("none", "fps"),
                           cpu_ms_per_frame=median(mode, "cpu_ms_per_frame"),
                           cpu_vs_none=median(mode, "cpu_ms_per_frame") / median("none", "cpu_ms_per_frame"))

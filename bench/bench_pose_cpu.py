@@ -65,9 +65,9 @@ def main() -> int:
                          "speed-up": f"{s['reference'].p50 / s['ours'].p50:.2f}x"})
     arch = spec["arch"]
     print(f"pose path, random {args.config} config (D={arch['hidden_size']} L={arch['num_hidden_layers']} "
-          f"H={arch['num_attention_heads']}, {h_in}x{w_in} input), 1280x720 image, CPU float32, {args.threads} threads, "
-          f"torch {torch.__version__}, {args.iters} iters (+{args.warmup} warm-up), interleaved; "
-          f"1-min load {load0} -> {load_average()} on {machine_info()['cpus']} cores")
+          f"H={arch['num_attention_heads']}, {h_in}x{w_in} input), 1280x720 image, CPU float32, "
+          f"{args.threads} threads, torch {torch.__version__}, {args.iters} iters (+{args.warmup} warm-up), "
+          f"interleaved; 1-min load {load0} -> {load_average()} on {machine_info()['cpus']} cores")
     print(table(rows, floatfmt=".1f"))
     if args.json:
         dump_json(args.json, {"config": spec, "config_name": args.config, "rows": rows, "stats": stats,

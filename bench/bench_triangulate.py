@@ -48,8 +48,8 @@ def case(persons: int, cameras: int, iters: int, warmup: int, thrown: float = 0.
     for p in range(len(world)):
         ok = world.valid[p]
         errors.append(min(np.linalg.norm(world.xyz[p][ok] - x[ok], axis=-1).mean() for x in people))
-    return {"persons": persons, "cameras": cameras, "thrown": thrown, "p50_ms": stats.p50, "p95_ms": stats.p95, "cpu_ms": cpu_ms,
-            "world_persons": len(world), "valid": float(world.valid.mean()) if len(world) else 0.0,
+    return {"persons": persons, "cameras": cameras, "thrown": thrown, "p50_ms": stats.p50, "p95_ms": stats.p95,
+            "cpu_ms": cpu_ms, "world_persons": len(world), "valid": float(world.valid.mean()) if len(world) else 0.0,
             "error_mm": 1000.0 * float(np.median(errors)) if errors else float("nan")}
 
 
@@ -61,7 +61,8 @@ def main() -> int:
     iters, warmup = (1, 0) if args.smoke else (args.iters, args.warmup)
     busy = wait_quiet(args.wait_quiet) if args.wait_quiet else None
     rows = [case(p, c, iters, warmup) for p in (1, 4, 8) for c in (2, 4, 8)] + [case(4, 4, iters, warmup, 0.25)]
-    print(table(rows, ["persons", "cameras", "thrown", "p50_ms", "p95_ms", "cpu_ms", "world_persons", "valid", "error_mm"]))
+    print(table(rows, ["persons", "cameras", "thrown", "p50_ms", "p95_ms", "cpu_ms", "world_persons", "valid",
+                       "error_mm"]))
     target = next(r for r in rows if r["persons"] == 4 and r["cameras"] == 4 and not r["thrown"])
     verdict = "met" if target["p50_ms"] < TARGET_MS else "MISSED"
     print(f"target: 4 persons x 4 cameras under {TARGET_MS:g} ms: p50 {target['p50_ms']:.2f} ms, CPU "
