@@ -65,9 +65,9 @@ vectors: $(STAMP)
 
 # CPU figures of docs/PERFORMANCE.md (minutes; run on an otherwise idle machine).
 bench: $(STAMP)
-	$(PY) bench/bench_pose_cpu.py --wait-quiet 60
-	$(PY) bench/bench_stages.py --config medium --tasks pose seg matting normal pointmap --wait-quiet 60
-	$(PY) bench/bench_overhead.py --wait-quiet 60
+	$(PY) -m bench.bench_pose_cpu --wait-quiet 60
+	$(PY) -m bench.bench_stages --config medium --tasks pose seg matting normal pointmap --wait-quiet 60
+	$(PY) -m bench.bench_overhead --wait-quiet 60
 
 clean:
 	rm -rf $(VENV) out $(JS)/node_modules

@@ -1,9 +1,9 @@
 """Archive throughput: ``sapiens2-stream batch`` with W workers against one process looping over the same
 files with the same models.
 
-    .venv/bin/python bench/bench_archive.py                                   # 8 clips, tiny pose, CPU
-    .venv/bin/python bench/bench_archive.py --videos 32 --frames 60 --workers 1 2 4 --json out/archive.json
-    .venv/bin/python bench/bench_archive.py --run-args "--tasks pose,seg --device cuda" --workers 1 2
+    .venv/bin/python -m bench.bench_archive                                   # 8 clips, tiny pose, CPU
+    .venv/bin/python -m bench.bench_archive --videos 32 --frames 60 --workers 1 2 4 --json out/archive.json
+    .venv/bin/python -m bench.bench_archive --run-args "--tasks pose,seg --device cuda" --workers 1 2
 
 Both sides run the same code per video (``pipeline.cluster.archive.process_video``: PyAV decode, the
 models, annotation, the mp4 encode and the keypoint JSONL) with the same config, parsed from
@@ -29,7 +29,6 @@ import json
 import logging
 import os
 import shlex
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -39,13 +38,11 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.harness import dump_json, load_average, machine_info, table, wait_quiet  # noqa: E402
-from pipeline.cli.main import build_parser  # noqa: E402
-from pipeline.cluster.archive import SUMMARY, Item, batch_config, process_video  # noqa: E402
-from pipeline.run.build import build_stages  # noqa: E402
-from tests.cliutil import make_video  # noqa: E402
+from bench.harness import dump_json, load_average, machine_info, percentile, table, wait_quiet
+from pipeline.cli.main import build_parser
+from pipeline.cluster.archive import SUMMARY, Item, batch_config, process_video
+from pipeline.run.build import build_stages
+from tests.cliutil import make_video
 
 CLI = [str(Path(sys.executable).parent / "sapiens2-stream")]
 OFFLINE_RUN_ARGS = "--tasks pose --detector full-frame --fallback-tiny --device cpu --dtype float32 --no-progress"
@@ -66,7 +63,7 @@ def figures(mode: str, rows: list[dict[str, Any]], total_s: float) -> dict[str, 
     frames = sum(r["frames"] for r in done)
     steady = max(r["finished"] for r in done) - min(r["started"] for r in done) if done else float("nan")
     return {"mode": mode, "videos": len(done), "failed": len(rows) - len(done), "frames": frames,
-            "video_s_p50": statistics.median(r["seconds"] for r in done) if done else float("nan"),
+            "video_s_p50": percentile([r["seconds"] for r in done], 50) if done else float("nan"),
             "total_s": total_s, "steady_s": steady, "videos_per_s": len(done) / steady,
             "frames_per_s": frames / steady, "videos_per_s_e2e": len(done) / total_s,
             "frames_per_s_e2e": frames / total_s}

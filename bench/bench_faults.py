@@ -2,8 +2,8 @@
 subscriber's peak memory under an image bomb, and the pipeline's frame rate with no subscriber,
 a reading one and a stopped one (SIGSTOP).
 
-    .venv/bin/python bench/bench_faults.py [--json out.json]
-    .venv/bin/python bench/bench_faults.py --repo /tmp/before   # another checkout, same environment
+    .venv/bin/python -m bench.bench_faults [--json out.json]
+    .venv/bin/python -m bench.bench_faults --repo /tmp/before   # another checkout, same environment
 
 ``--repo`` runs the command line and the subscriber of another checkout (e.g. a git worktree of
 an older commit) with this environment, so one machine gives the before and after figures.
@@ -270,7 +270,8 @@ def main() -> int:
             def median(mode: str, key: str) -> float:
                 return statistics.median(r[key] for r in runs[mode])
 
-            rows += [dict(case=f"subscriber: {mode}", fps=median(mode, "fps"), fps_runs=[round(r["fps"], 1) for r in got],
+            rows += [dict(case=f"subscriber: {mode}", fps=median(mode, "fps"),
+                          fps_runs=[round(r["fps"], 1) for r in got],
                           fps_vs_none=median(mode, "fps") / median("none", "fps"),
                           cpu_ms_per_frame=median(mode, "cpu_ms_per_frame"),
                           cpu_vs_none=median(mode, "cpu_ms_per_frame") / median("none", "cpu_ms_per_frame"))

@@ -1,8 +1,8 @@
 """Fleet overhead and failover time, on a local multi-node Ray cluster (ray.cluster_utils.Cluster: a
 head and two worker nodes that declare one logical GPU each; on a GPU host give them real GPUs).
 
-    .venv/bin/python bench/bench_fleet.py                   # tiny pose model on the CPU
-    .venv/bin/python bench/bench_fleet.py --cameras 4 --window 30 --failovers 3
+    .venv/bin/python -m bench.bench_fleet                   # tiny pose model on the CPU
+    .venv/bin/python -m bench.bench_fleet --cameras 4 --window 30 --failovers 3
 
 Overhead: the same N looping cameras (not paced: as fast as the pipeline goes) through (a) the
 standalone pipeline (`sapiens2-stream --source ... --publish-connect BROKER`, one process) and (b) a
@@ -30,15 +30,13 @@ from pathlib import Path
 import av
 import numpy as np
 import yaml
+from sapiens2_client.messages import KeypointsMessage
+from sapiens2_client.subscriber import ReceiveTimeout, Subscriber
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.failover import first_frames_after, latest_indices  # noqa: E402
-from bench.harness import dump_json, table  # noqa: E402
-from pipeline.cluster.fleet import NAMESPACE, controller_name  # noqa: E402
-from pipeline.net.broker import Broker  # noqa: E402
-from sapiens2_client.messages import KeypointsMessage  # noqa: E402
-from sapiens2_client.subscriber import ReceiveTimeout, Subscriber  # noqa: E402
+from bench.failover import first_frames_after, latest_indices
+from bench.harness import dump_json, table
+from pipeline.cluster.fleet import NAMESPACE, controller_name
+from pipeline.net.broker import Broker
 
 CLI = [str(Path(sys.executable).parent / "sapiens2-stream")]
 

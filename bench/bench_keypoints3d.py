@@ -12,23 +12,19 @@ projections with pixel jitter. For each window it reports the error against the 
 (RMS, and p95) and the frame-to-frame jitter (RMS of the second difference of each trajectory,
 which a still or smoothly moving point keeps near zero).
 
-    .venv/bin/python bench/bench_keypoints3d.py [--device cuda] [--iters 200] [--json out.json]
+    .venv/bin/python -m bench.bench_keypoints3d [--device cuda] [--iters 200] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.harness import add_common_args, dump_json, machine_info, measure, table, wait_quiet  # noqa: E402
-from stages.device import resolve_device  # noqa: E402
-from stages.keypoints3d import Lift, lift  # noqa: E402
+from bench.harness import add_common_args, dump_json, machine_info, measure, table, wait_quiet
+from stages.device import resolve_device
+from stages.keypoints3d import Lift, lift
 
 K = 308
 

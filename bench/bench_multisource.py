@@ -1,8 +1,8 @@
 """Many sources, one process: throughput and latency of N sources batched through one engine, against
 the same N sources in N separate processes (each loading its own models), on this machine.
 
-    .venv/bin/python bench/bench_multisource.py                      # tiny models, CPU
-    .venv/bin/python bench/bench_multisource.py --config medium      # D=256, 8 layers, 512x384 input
+    .venv/bin/python -m bench.bench_multisource                      # tiny models, CPU
+    .venv/bin/python -m bench.bench_multisource --config medium      # D=256, 8 layers, 512x384 input
 
 On a GPU, the device benchmark's ``sources`` phase (bench/device_sources.py) measures the same at
 0.4B with 1080p frames and the real YOLO batch (the issue's 4 x 30 FPS target); this script's
@@ -32,16 +32,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from pipeline.run.build import Stages  # noqa: E402
-from pipeline.run.engine import FrameEngine  # noqa: E402
-from pipeline.run.runner import Runner  # noqa: E402
-from stages.device import resolve_device  # noqa: E402
-from stages.sapiens2 import load_model  # noqa: E402
-from stages.sapiens2.estimators import estimator_for  # noqa: E402
-from stages.sapiens2.tiny import make_tiny  # noqa: E402
-from stages.types import Detections, Frame, StreamInfo  # noqa: E402
+from bench.harness import REPO, percentile
+from pipeline.run.build import Stages
+from pipeline.run.engine import FrameEngine
+from pipeline.run.runner import Runner
+from stages.device import resolve_device
+from stages.sapiens2 import load_model
+from stages.sapiens2.estimators import estimator_for
+from stages.sapiens2.tiny import make_tiny
+from stages.types import Detections, Frame, StreamInfo
 
 SIZES = {"tiny": dict(hidden=64, layers=4, heads=4, image_size=(256, 192)),
          "medium": dict(hidden=256, layers=8, heads=8, image_size=(512, 384))}
@@ -125,8 +124,8 @@ def run_batched(n: int, frames: int, ckpts: dict[str, Path], device: torch.devic
     if stats.error is not None:
         raise stats.error
     return {"fps": stats.frames / elapsed, "frames": stats.frames, "steps": stats.steps, "start": wall0,
-            "end": wall0 + elapsed, "p50_ms": float(np.percentile(sink.ms, 50)),
-            "p95_ms": float(np.percentile(sink.ms, 95)), "memory_mb": peak_memory_mb(device)}
+            "end": wall0 + elapsed, "p50_ms": percentile(sink.ms, 50), "p95_ms": percentile(sink.ms, 95),
+            "memory_mb": peak_memory_mb(device)}
 
 
 def peak_memory_mb(device: torch.device) -> float:
@@ -137,10 +136,11 @@ def peak_memory_mb(device: torch.device) -> float:
 
 def run_separate(n: int, args: argparse.Namespace, folder: Path) -> dict:
     """N processes of one source each, started together; each reports its own figures."""
-    command = [sys.executable, __file__, "--child", "--config", args.config, "--frames", str(args.frames),
-               "--device", args.device, "--warmup", str(args.warmup), "--threads", str(args.threads),
+    command = [sys.executable, "-m", "bench.bench_multisource", "--child", "--config", args.config, "--frames",
+               str(args.frames), "--device", args.device, "--warmup", str(args.warmup), "--threads", str(args.threads),
                "--ckpt-dir", str(folder)]
-    procs = [subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for _ in range(n)]
+    procs = [subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO)
+             for _ in range(n)]
     try:
         for p in procs:  # every process has loaded its models and warmed up ...
             if p.stdout.readline().strip() != "ready":

@@ -20,7 +20,7 @@ Parts (each timed per frame, warm-up excluded, p50/p95):
 Our code is every part except the codecs (H.264 decode, H.264 encode, JPEG encode); its sum is
 compared with the target of 5 ms per frame, and any part over budget is named.
 
-    .venv/bin/python bench/bench_overhead.py [--iters 60] [--warmup 5] [--json out.json]
+    .venv/bin/python -m bench.bench_overhead [--iters 60] [--warmup 5] [--json out.json]
 """
 
 from __future__ import annotations
@@ -42,9 +42,7 @@ import numpy as np
 import torch
 import zmq
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.harness import (  # noqa: E402
+from bench.harness import (
     Stats,
     add_common_args,
     dump_json,
@@ -55,20 +53,20 @@ from bench.harness import (  # noqa: E402
     table,
     wait_quiet,
 )
-from pipeline.run.build import Stages  # noqa: E402
-from pipeline.run.engine import Clock, FrameEngine, FrameInFlight, Pending  # noqa: E402
-from pipeline.run.runner import Runner  # noqa: E402
-from pipeline.sinks.jsonl import result_to_record  # noqa: E402
-from pipeline.sinks.publisher import ZmqPublisher  # noqa: E402
-from pipeline.sinks.recorder import VideoRecorder  # noqa: E402
-from pipeline.sources import SourceEnded  # noqa: E402
-from pipeline.sources.readers import open_file  # noqa: E402
-from stages.annotate import compose_annotators  # noqa: E402
-from stages.detect import FullFrameDetector  # noqa: E402
-from stages.device import resolve_device  # noqa: E402
-from stages.sapiens2.fastpath import FastPath  # noqa: E402
-from stages.sapiens2.preprocess import to_device_image  # noqa: E402
-from stages.types import Detections, Frame, FrameResult, Keypoints, StreamInfo  # noqa: E402
+from pipeline.run.build import Stages
+from pipeline.run.engine import Clock, FrameEngine, FrameInFlight, Pending
+from pipeline.run.runner import Runner
+from pipeline.sinks.jsonl import result_to_record
+from pipeline.sinks.publisher import ZmqPublisher
+from pipeline.sinks.recorder import VideoRecorder
+from pipeline.sources import SourceEnded
+from pipeline.sources.readers import open_file
+from stages.annotate import compose_annotators
+from stages.detect import FullFrameDetector
+from stages.device import resolve_device
+from stages.sapiens2.fastpath import FastPath
+from stages.sapiens2.preprocess import to_device_image
+from stages.types import Detections, Frame, FrameResult, Keypoints, StreamInfo
 
 H, W = 1080, 1920
 K = 308

@@ -7,8 +7,8 @@ inputs, same precision, warm-up excluded, the two paths interleaved call by call
 hits both alike. Prints a table and the ratio; ``--json`` writes all numbers. ``bench_stages.py``
 is the fuller version (model-only rows, seg, matting, GPU).
 
-    .venv/bin/python bench/bench_pose_cpu.py [--persons 1 2 4] [--iters 5] [--json out.json]
-    .venv/bin/python bench/bench_pose_cpu.py --config tiny --persons 1 --iters 1   # a smoke run: seconds
+    .venv/bin/python -m bench.bench_pose_cpu [--persons 1 2 4] [--iters 5] [--json out.json]
+    .venv/bin/python -m bench.bench_pose_cpu --config tiny --persons 1 --iters 1   # a smoke run: seconds
 """
 
 from __future__ import annotations
@@ -21,11 +21,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.bench_stages import CONFIGS, build_pair  # noqa: E402
-from bench.harness import add_common_args, dump_json, load_average, machine_info, measure_interleaved, table, wait_quiet  # noqa: E402
-
+from bench.bench_stages import CONFIGS, build_pair
+from bench.harness import add_common_args, dump_json, load_average, machine_info, measure_interleaved, table, wait_quiet
 
 
 def main() -> int:
@@ -67,9 +64,9 @@ def main() -> int:
                          "speed-up": f"{s['reference'].p50 / s['ours'].p50:.2f}x"})
     arch = spec["arch"]
     print(f"pose path, random {args.config} config (D={arch['hidden_size']} L={arch['num_hidden_layers']} "
-          f"H={arch['num_attention_heads']}, {h_in}x{w_in} input), 1280x720 image, CPU float32, {args.threads} threads, "
-          f"torch {torch.__version__}, {args.iters} iters (+{args.warmup} warm-up), interleaved; "
-          f"1-min load {load0} -> {load_average()} on {machine_info()['cpus']} cores")
+          f"H={arch['num_attention_heads']}, {h_in}x{w_in} input), 1280x720 image, CPU float32, "
+          f"{args.threads} threads, torch {torch.__version__}, {args.iters} iters (+{args.warmup} warm-up), "
+          f"interleaved; 1-min load {load0} -> {load_average()} on {machine_info()['cpus']} cores")
     print(table(rows, floatfmt=".1f"))
     if args.json:
         dump_json(args.json, {"config": spec, "config_name": args.config, "rows": rows, "stats": stats,

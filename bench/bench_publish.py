@@ -8,7 +8,7 @@ encoding that topic's pictures (a try after 0.2 s, doubling to 2 s while it stay
 each frame it skips. The pipeline's own frame rate with no, a reading and a stopped subscriber is
 measured end to end by bench/bench_faults.py.
 
-    .venv/bin/python bench/bench_publish.py [--iters 60] [--warmup 10] [--json out.json]
+    .venv/bin/python -m bench.bench_publish [--iters 60] [--warmup 10] [--json out.json]
 """
 
 from __future__ import annotations
@@ -25,11 +25,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.harness import add_common_args, dump_json, load_average, machine_info, measure, table  # noqa: E402
-from pipeline.sinks.publisher import ZmqPublisher  # noqa: E402
-from stages.types import Detections, Frame, FrameResult, Keypoints, StreamInfo  # noqa: E402
+from bench.harness import add_common_args, dump_json, load_average, machine_info, measure, table
+from pipeline.sinks.publisher import ZmqPublisher
+from stages.types import Detections, Frame, FrameResult, Keypoints, StreamInfo
 
 H, W, K = 720, 1280, 308
 CLI = Path(sys.executable).parent / "sapiens2-stream"

@@ -15,7 +15,7 @@ The reference model is built at the chosen config with random init, saved with `
 and loaded by our loader, so both paths run the same weights at the same precision (float32 on the
 CPU, bfloat16 by default on CUDA). Warm-up is excluded; device-only rows use CUDA events on a GPU.
 
-    .venv/bin/python bench/bench_stages.py --config medium --iters 10 [--tasks pose seg matting]
+    .venv/bin/python -m bench.bench_stages --config medium --iters 10 [--tasks pose seg matting]
         [--tasks pose seg matting normal pointmap] [--persons 1 2 4] [--dtype bfloat16]
         [--frame 1080 1920] [--json out.json]
 """
@@ -33,9 +33,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.harness import (  # noqa: E402
+from bench.harness import (
     Stats,
     add_common_args,
     dump_json,
@@ -45,11 +43,11 @@ from bench.harness import (  # noqa: E402
     table,
     wait_quiet,
 )
-from pipeline.run.build import Stages  # noqa: E402
-from pipeline.run.engine import FrameEngine  # noqa: E402
-from stages.device import resolve_device  # noqa: E402
-from stages.sapiens2.estimators import estimator_for  # noqa: E402
-from stages.types import Detections, Frame  # noqa: E402
+from pipeline.run.build import Stages
+from pipeline.run.engine import FrameEngine
+from stages.device import resolve_device
+from stages.sapiens2.estimators import estimator_for
+from stages.types import Detections, Frame
 
 REF_CLASS = {"pose": "Sapiens2ForPoseEstimation", "seg": "Sapiens2ForSemanticSegmentation",
              "matting": "Sapiens2ForImageMatting", "normal": "Sapiens2ForNormalEstimation",

@@ -9,8 +9,8 @@ process CPU time per step (steadier on a shared machine). Target: 4 persons x 4 
 throws a quarter of one person's keypoints 40 px off in one camera (scores kept high): the points
 that then look for their consensus view by view, the slow path.
 
-    .venv/bin/python bench/bench_triangulate.py [--iters 200] [--wait-quiet 60] [--json out.json]
-    .venv/bin/python bench/bench_triangulate.py --smoke   # each case once, seconds (CI)
+    .venv/bin/python -m bench.bench_triangulate [--iters 200] [--wait-quiet 60] [--json out.json]
+    .venv/bin/python -m bench.bench_triangulate --smoke   # each case once, seconds (CI)
 """
 
 from __future__ import annotations
@@ -18,15 +18,12 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.harness import add_common_args, dump_json, load_average, machine_info, measure, table, wait_quiet  # noqa: E402
-from pipeline.mocap.synthetic.people import base_skeleton, observe, pose_at, ring_rig, throw_off  # noqa: E402
-from stages.mocap.fuse import CameraView, WorldFuser  # noqa: E402
+from bench.harness import add_common_args, dump_json, load_average, machine_info, measure, table, wait_quiet
+from pipeline.mocap.synthetic.people import base_skeleton, observe, pose_at, ring_rig, throw_off
+from stages.mocap.fuse import CameraView, WorldFuser
 
 TARGET_MS = 2.0  # 4 persons x 4 cameras
 
@@ -51,8 +48,8 @@ def case(persons: int, cameras: int, iters: int, warmup: int, thrown: float = 0.
     for p in range(len(world)):
         ok = world.valid[p]
         errors.append(min(np.linalg.norm(world.xyz[p][ok] - x[ok], axis=-1).mean() for x in people))
-    return {"persons": persons, "cameras": cameras, "thrown": thrown, "p50_ms": stats.p50, "p95_ms": stats.p95, "cpu_ms": cpu_ms,
-            "world_persons": len(world), "valid": float(world.valid.mean()) if len(world) else 0.0,
+    return {"persons": persons, "cameras": cameras, "thrown": thrown, "p50_ms": stats.p50, "p95_ms": stats.p95,
+            "cpu_ms": cpu_ms, "world_persons": len(world), "valid": float(world.valid.mean()) if len(world) else 0.0,
             "error_mm": 1000.0 * float(np.median(errors)) if errors else float("nan")}
 
 
@@ -64,7 +61,8 @@ def main() -> int:
     iters, warmup = (1, 0) if args.smoke else (args.iters, args.warmup)
     busy = wait_quiet(args.wait_quiet) if args.wait_quiet else None
     rows = [case(p, c, iters, warmup) for p in (1, 4, 8) for c in (2, 4, 8)] + [case(4, 4, iters, warmup, 0.25)]
-    print(table(rows, ["persons", "cameras", "thrown", "p50_ms", "p95_ms", "cpu_ms", "world_persons", "valid", "error_mm"]))
+    print(table(rows, ["persons", "cameras", "thrown", "p50_ms", "p95_ms", "cpu_ms", "world_persons", "valid",
+                       "error_mm"]))
     target = next(r for r in rows if r["persons"] == 4 and r["cameras"] == 4 and not r["thrown"])
     verdict = "met" if target["p50_ms"] < TARGET_MS else "MISSED"
     print(f"target: 4 persons x 4 cameras under {TARGET_MS:g} ms: p50 {target['p50_ms']:.2f} ms, CPU "

@@ -27,8 +27,8 @@ bench/device_stream.py (syncs, pipeline, transfers) and bench/device_sources.py 
 one process); bench/devicekit.py holds the report and the run context, bench/devicewatch.py the
 worker processes and the watchdog.
 
-    python bench/device_bench.py --out $OUT            # on the GPU machine (device_run.sh does this)
-    python bench/device_bench.py --smoke --out /tmp/x  # anywhere, tiny configs on the CPU
+    python -m bench.device_bench --out $OUT            # on the GPU machine (device_run.sh does this)
+    python -m bench.device_bench --smoke --out /tmp/x  # anywhere, tiny configs on the CPU
 """
 
 from __future__ import annotations
@@ -49,21 +49,19 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.device_cli import phase_e2e, phase_starts  # noqa: E402
-from bench.device_compile import phase_compile, phase_fastpath, phase_graphs  # noqa: E402
-from bench.device_model import (  # noqa: E402
+from bench.device_cli import phase_e2e, phase_starts
+from bench.device_compile import phase_compile, phase_fastpath, phase_graphs
+from bench.device_model import (
     TASKS,
     phase_checkpoints,
     phase_correctness,
     phase_forward,
     phase_reference,
 )
-from bench.device_sources import phase_sources  # noqa: E402
-from bench.device_stream import phase_pipeline, phase_syncs, phase_transfers  # noqa: E402
-from bench.devicekit import FAILED, REPO, Ctx, Outcome, Report, record_outcome, run_phase, sync_sites  # noqa: E402
-from bench.devicewatch import Interrupted, Phase, Supervisor  # noqa: E402
+from bench.device_sources import phase_sources
+from bench.device_stream import phase_pipeline, phase_syncs, phase_transfers
+from bench.devicekit import FAILED, REPO, Ctx, Outcome, Report, record_outcome, run_phase, sync_sites
+from bench.devicewatch import Interrupted, Phase, Supervisor
 
 BUDGET_S = 510.0  # what device_run.sh passes; its outer timeout is 540 s, the device call's 570 s
 

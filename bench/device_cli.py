@@ -22,7 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.devicekit import REPO, Ctx, percentile
+from bench.devicekit import REPO, Ctx
+from bench.harness import percentile
 
 ROWS = (  # label, tasks, detector flags, sources, extra flags
     ("pose, full frame", "pose", ["--detector", "full-frame"], 1, []),
@@ -107,7 +108,7 @@ def run_row(ctx: Ctx, label: str, argv: list[str], endpoint: str, env: dict[str,
 
 
 def compile_start(checkpoint: str, device: str) -> dict[str, Any]:
-    """In a process of its own (``python bench/device_cli.py --compile-start CKPT DEVICE``): pose x1 as
+    """In a process of its own (``python -m bench.device_cli --compile-start CKPT DEVICE``): pose x1 as
     ``--compile default`` starts it, timed: warm-up, then the shape compiled in the background."""
     from stages.sapiens2.estimators import PoseEstimator
     from stages.sapiens2.fastpath import FastPath
@@ -149,8 +150,7 @@ def phase_starts(ctx: Ctx) -> None:
             if ctx.left_s() < 20:
                 ctx.say(f"({start} skipped: {ctx.left_s():.0f} s left of this phase)")
                 break
-            argv = [sys.executable, str(Path(__file__).resolve()), "--compile-start", str(ctx.ckpt("pose")),
-                    str(ctx.device)]
+            argv = [sys.executable, "-m", "bench.device_cli", "--compile-start", str(ctx.ckpt("pose")), str(ctx.device)]
             try:
                 done = subprocess.run(argv, env=env, cwd=REPO, capture_output=True, text=True,
                                       timeout=ctx.left_s() - 10)
@@ -202,5 +202,4 @@ if __name__ == "__main__":  # the compile-start child of compile_starts
     import json
 
     if len(sys.argv) == 4 and sys.argv[1] == "--compile-start":
-        sys.path[:0] = [str(REPO), str(REPO / "clients" / "python")]
         print(json.dumps(compile_start(sys.argv[2], sys.argv[3])), flush=True)

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from bench.device_stream import person_boxes
-from bench.devicekit import Ctx, p50, p95
+from bench.devicekit import Ctx
 from stages.sapiens2.weights import load_model
 from stages.tasks import TASKS
 
@@ -25,7 +25,7 @@ def _ablation_row(ctx: Ctx, rows: list[list[Any]], label: str, make: Callable[[]
         est = make()
         with torch.inference_mode():
             out = est.infer(crops, n).float()
-            samples = ctx.ms(lambda: est.infer(crops, n))
+            stats = ctx.measure(lambda: est.infer(crops, n))
     except Exception as exc:  # noqa: BLE001 - e.g. a kernel that passed the probe but rejects the real call
         if base is None:
             raise
@@ -34,11 +34,11 @@ def _ablation_row(ctx: Ctx, rows: list[list[Any]], label: str, make: Callable[[]
         rows.append([label, f"failed: {type(exc).__name__}: {first}", None, None, None, "-", "-"])
         return None, None, None
     diff = None if base is None else float((out - base).abs().max() / base.abs().max())
-    ms = p50(samples)
-    row = dict(variant=label, resolved=est.fastpath.describe(), batch=int(crops.shape[0]), ms=samples,
+    ms = stats.p50
+    row = dict(variant=label, resolved=est.fastpath.describe(), batch=int(crops.shape[0]), ms=stats.samples_ms,
                max_rel_diff=diff)
     ctx.report.results["fastpath"].append(row)
-    rows.append([label, row["resolved"], row["batch"], ms, p95(samples),
+    rows.append([label, row["resolved"], row["batch"], ms, stats.p95,
                  "-" if base_ms is None else f"{base_ms / ms:.2f}x", "-" if diff is None else f"{diff:.1e}"])
     return est, out, ms
 
@@ -181,19 +181,19 @@ def _graph_rows(ctx: Ctx, paths, cases, models, classes, lane, eager_ms, rows, r
                 compiled_s, in_use = None, True
                 if fastpath.compile != "off":
                     in_use, compiled_s = _compiled(ctx, est, pixels, ctx.left_s() - 30)
-                samples = ctx.ms(lambda: _run(est, pixels))
+                stats = ctx.measure(lambda: _run(est, pixels))
             kernels = attention_kernels(ctx, lambda: _run(est, pixels)) if label == "eager" else None
-            ms = p50(samples)
+            ms = stats.p50
             if label == "eager":
                 eager_ms[(task, batch)] = ms
             base = eager_ms.get((task, batch))
-            row = dict(path=label, task=task, batch=batch, ms=samples, warm_s=warm_s, compile_s=compiled_s,
+            row = dict(path=label, task=task, batch=batch, ms=stats.samples_ms, warm_s=warm_s, compile_s=compiled_s,
                        compiled_in_use=in_use if fastpath.compile != "off" else None,
                        switched_off=est.switched_off, resolved=est.fastpath.describe(), attention_kernels=kernels)
             results.append(row)
             ctx.report.save()
             checks = "; ".join(f"{k} off: {v[:80]}" for k, v in est.switched_off.items()) or "all agreed"
-            rows.append([label, f"{task} x{batch}", ms, p95(samples), "-" if base is None else f"{base / ms:.2f}x",
+            rows.append([label, f"{task} x{batch}", ms, stats.p95, "-" if base is None else f"{base / ms:.2f}x",
                          f"{warm_s:.1f}", "-" if compiled_s is None else f"{compiled_s:.1f}", checks,
                          "-" if kernels is None else kernels["summary"]])
             est.close()

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from bench.device_stream import camera_like_frame, person_boxes
-from bench.devicekit import SMOKE_LAYERS, SMOKE_SIZE, Ctx, p50, p95, strict_float32
+from bench.devicekit import SMOKE_LAYERS, SMOKE_SIZE, Ctx, strict_float32
 from stages.sapiens2.config import variant
 from stages.sapiens2.model import Sapiens2
 from stages.sapiens2.tiny import random_init, tiny_config, write_checkpoint
@@ -258,7 +258,7 @@ def backbone_macs(cfg, h: int, w: int) -> tuple[float, float]:
 def gemm_tflops(ctx: Ctx, n: int) -> float:
     """Measured TFLOP/s of an n x n x n matrix product at the run's precision: the attainable peak."""
     a, b = (torch.randn(n, n, device=ctx.device, dtype=ctx.dtype) for _ in range(2))
-    return 2 * n ** 3 / (p50(ctx.ms(lambda: a @ b, warmup=100)) / 1000) / 1e12  # long warm-up: clocks ramp
+    return 2 * n ** 3 / (ctx.measure(lambda: a @ b, warmup=100).p50 / 1000) / 1e12  # long warm-up: clocks ramp
 
 
 def phase_forward(ctx: Ctx) -> None:
@@ -280,15 +280,15 @@ def phase_forward(ctx: Ctx) -> None:
     for batch in (1, 2, 4, 8):
         x = torch.randn(batch, 3, *ctx.size, device=ctx.device)
         with torch.inference_mode():
-            bb = ctx.ms(lambda: model.backbone.forward_features(x), warmup=5)
-            full = ctx.ms(lambda: model(x), warmup=2)
-        tflops = 2 * macs * batch / (p50(bb) / 1000) / 1e12
-        row = dict(batch=batch, backbone_ms=bb, full_ms=full, tflops=tflops,
+            bb = ctx.measure(lambda: model.backbone.forward_features(x), warmup=5)
+            full = ctx.measure(lambda: model(x), warmup=2)
+        tflops = 2 * macs * batch / (bb.p50 / 1000) / 1e12
+        row = dict(batch=batch, backbone_ms=bb.samples_ms, full_ms=full.samples_ms, tflops=tflops,
                    peak_fraction=tflops / H200_BF16_DENSE_TFLOPS, gemm_fraction=tflops / gemm)
         ctx.report.results["forward"].append(row)
         ctx.report.save()
-        rows.append([batch, p50(bb), p95(bb), f"{tflops:.0f}", f"{100 * row['peak_fraction']:.0f}%",
-                     f"{100 * row['gemm_fraction']:.0f}%", p50(full), batch * 1000 / p50(full)])
+        rows.append([batch, bb.p50, bb.p95, f"{tflops:.0f}", f"{100 * row['peak_fraction']:.0f}%",
+                     f"{100 * row['gemm_fraction']:.0f}%", full.p50, batch * 1000 / full.p50])
     ctx.report.table(["persons (batch)", "backbone ms p50", "p95", "TFLOP/s", "% of bf16 dense peak",
                       "% of measured GEMM", "full pose forward ms p50", "persons/s"], rows)
     ctx.report.results["forward_peak_gib"] = ctx.peak_gib()

@@ -51,5 +51,5 @@ if [ "$BUDGET" -lt 60 ]; then
 fi
 echo "device_bench: budget ${BUDGET} s, hard limit ${LEFT} s" | tee -a "$LOG"
 # timeout signals the whole process group: the bench's worker processes end with it.
-timeout -k 10 "$LEFT" python3 bench/device_bench.py --out "$OUT" --budget-s "$BUDGET" "$@" 2>&1 | tee -a "$LOG"
+timeout -k 10 "$LEFT" python3 -m bench.device_bench --out "$OUT" --budget-s "$BUDGET" "$@" 2>&1 | tee -a "$LOG"
 exit "${PIPESTATUS[0]}"

@@ -20,6 +20,7 @@ from bench.bench_stages import FixedDetector
 from bench.device_model import H200_BF16_DENSE_TFLOPS, backbone_macs
 from bench.device_stream import YoloThenFixedBoxes, _yolo, camera_like_frame, person_boxes
 from bench.devicekit import Ctx
+from bench.harness import percentile
 
 SOURCE_COUNTS = (1, 2, 4, 8)
 ROW_S = 2.5  # seconds per row (a 1-source row at 30+ FPS gives 75+ frames)
@@ -116,7 +117,7 @@ def _row(ctx: Ctx, n: int, images: list[np.ndarray], engine, Runner, macs: float
     fps = stats.frames / elapsed
     return dict(sources=n, frames=stats.frames, seconds=elapsed, fps=fps,
                 fps_min_source=min(sink.counts.get(f"cam{i}", 0) for i in range(n)) / elapsed,
-                p50_ms=float(np.percentile(ms, 50)), p95_ms=float(np.percentile(ms, 95)),
+                p50_ms=percentile(ms, 50), p95_ms=percentile(ms, 95),
                 frames_per_step=stats.frames / max(stats.steps, 1),
                 pose_tflops=2 * macs * fps / 1e12, peak_fraction=2 * macs * fps / 1e12 / H200_BF16_DENSE_TFLOPS,
                 peak_gib=ctx.peak_gib())

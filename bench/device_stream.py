@@ -14,7 +14,8 @@ import numpy as np
 import torch
 
 from bench.bench_stages import FixedDetector
-from bench.devicekit import Ctx, p50, p95, sync_sites, wall_ms
+from bench.devicekit import Ctx, sync_sites
+from bench.harness import Stats, measure, percentile
 
 
 def person_boxes(n: int, width: int, height: int) -> np.ndarray:
@@ -111,13 +112,14 @@ PIPELINE_ROWS = ((1, True, True), (1, False, True), (2, True, True), (4, True, T
 
 
 def phase_pipeline(ctx: Ctx) -> None:
+    from sapiens2_client.subscriber import ReceiveTimeout, Subscriber
+
     from pipeline.run.build import Stages
     from pipeline.run.engine import FrameEngine
     from pipeline.run.runner import Runner
     from pipeline.sinks.publisher import ZmqPublisher
     from pipeline.sources import Source
     from pipeline.sources.demo import SyntheticCamera
-    from sapiens2_client.subscriber import ReceiveTimeout, Subscriber
     from stages.sapiens2.estimators import PoseEstimator, Segmenter
 
     h, w = ctx.frame
@@ -229,8 +231,8 @@ def _pipeline_row(ctx, persons, overlap, pinned, yolo, pose, seg, FrameEngine, R
     fps = (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 and times[-1] > times[0] else 0.0
     return dict(persons=persons, overlap=overlap, pinned=pinned, frames=stats.frames, fps=fps,
                 fps_overall=stats.frames / elapsed,
-                p50_ms=float(np.percentile(lat, 50)) if lat else None,
-                p95_ms=float(np.percentile(lat, 95)) if lat else None, drops=source.frames_dropped,
+                p50_ms=percentile(lat, 50) if lat else None, p95_ms=percentile(lat, 95) if lat else None,
+                drops=source.frames_dropped,
                 detector_calls=getattr(det, "calls", None), peak_gib=ctx.peak_gib())
 
 
@@ -282,7 +284,6 @@ def phase_syncs(ctx: Ctx) -> None:
 def nvenc_status(width: int, height: int, cuda: bool) -> str | None:
     """None when h264_nvenc opens here at this size; otherwise why the NVENC row is n/a."""
     import av
-
     from sapiens2_client.video import probe_encoder
 
     if "h264_nvenc" not in av.codecs_available:
@@ -307,13 +308,12 @@ def phase_transfers(ctx: Ctx) -> None:
     rows = []
     results = ctx.report.results.setdefault("transfers", [])
 
-    def add(what: str, variant: str, samples: list[float] | None, note: str = "") -> None:
-        results.append(dict(what=what, variant=variant, ms=samples, note=note))
-        rows.append([what, variant, p50(samples) if samples else None, p95(samples) if samples else None, note])
+    def add(what: str, variant: str, stats: Stats | None, note: str = "") -> None:
+        results.append(dict(what=what, variant=variant, ms=stats.samples_ms if stats else None, note=note))
+        rows.append([what, variant, stats.p50 if stats else None, stats.p95 if stats else None, note])
 
     # The 3D keypoint step (stages.keypoints3d): 8 persons x 308 keypoints from a frame-size pointmap
     # with the seg map as the person mask; device time (CUDA events), target under 1 ms at window 1.
-    from bench.harness import measure
     from stages.keypoints3d import Lift, lift
 
     gen = torch.Generator().manual_seed(0)
@@ -323,16 +323,17 @@ def phase_transfers(ctx: Ctx) -> None:
     scores = torch.rand(8, 308, generator=gen).to(ctx.device)
     for window in (1, 5):
         rule = Lift(window=window)
-        stats = measure(lambda: lift(points, xy, scores, rule, seg=person), ctx.iters, 5, ctx.device)
+        stats = ctx.measure(lambda: lift(points, xy, scores, rule, seg=person), warmup=5)
         note = "" if window != 1 else ("target < 1 ms: " + ("met" if stats.p50 < 1.0 else "MISSED")) if ctx.cuda \
             else "not the device: no target"
-        add(f"3D keypoints, 8 persons, {h}x{w} map", f"window {window}", stats.samples_ms, note)
+        add(f"3D keypoints, 8 persons, {h}x{w} map", f"window {window}", stats, note)
+    # From here on measure() without a device: wall clock per call (host-side costs; a copy waits for the device).
     for pinned in (True, False):
         def upload() -> None:
             to_device_image(image, ctx.device, pinned)
             ctx.sync()
 
-        add("frame upload (H2D)", "pinned staging" if pinned else "pageable", wall_ms(upload, ctx.iters))
+        add("frame upload (H2D)", "pinned staging" if pinned else "pageable", measure(upload, ctx.iters))
     seg_map = torch.randint(0, 29, (h, w), dtype=torch.uint8, device=ctx.device)
     host = torch.empty(seg_map.shape, dtype=torch.uint8, pin_memory=ctx.cuda)
 
@@ -340,8 +341,8 @@ def phase_transfers(ctx: Ctx) -> None:
         host.copy_(seg_map, non_blocking=True)
         ctx.sync()
 
-    add("seg map download (D2H)", "pinned buffer", wall_ms(download_pinned, ctx.iters))
-    add("seg map download (D2H)", "pageable", wall_ms(lambda: seg_map.cpu(), ctx.iters))
+    add("seg map download (D2H)", "pinned buffer", measure(download_pinned, ctx.iters))
+    add("seg map download (D2H)", "pageable", measure(lambda: seg_map.cpu(), ctx.iters))
 
     def fidelity(data: bytes | None) -> str:
         """Decode the JPEG and compare it with the frame: a wrong or torn encode shows here."""
@@ -356,12 +357,12 @@ def phase_transfers(ctx: Ctx) -> None:
 
     gpu_jpeg = JpegEncoder(90, "auto")
     if gpu_jpeg.active:
-        samples = wall_ms(lambda: gpu_jpeg.encode(image), ctx.iters)
-        add("JPEG q90 of the frame", "GPU (nvJPEG)", samples,
+        stats = measure(lambda: gpu_jpeg.encode(image), ctx.iters)
+        add("JPEG q90 of the frame", "GPU (nvJPEG)", stats,
             fidelity(gpu_jpeg.encode(image)) if gpu_jpeg.active else "failed, fell back to the CPU (see the log)")
     else:
         add("JPEG q90 of the frame", "GPU (nvJPEG)", None, "n/a (no CUDA device)")
-    add("JPEG q90 of the frame", "CPU (OpenCV)", wall_ms(cpu_jpeg, ctx.iters), fidelity(cpu_jpeg()))
+    add("JPEG q90 of the frame", "CPU (OpenCV)", measure(cpu_jpeg, ctx.iters), fidelity(cpu_jpeg()))
     # NVENC: probed first. H100/H200-class GPUs have no video encoder; timing the recorder there
     # would time its silent fall-back to libx264 under the NVENC label.
     nvenc = nvenc_status(w, h, ctx.cuda)
@@ -380,13 +381,13 @@ def phase_transfers(ctx: Ctx) -> None:
                 rec.write(FrameResult(Frame(i, image, i, Fraction(1, 30), time.time_ns())))
 
             frames = max(ctx.iters, 60)
-            samples = wall_ms(write, frames, warmup=5)
+            stats = measure(write, frames, warmup=5)
             t0 = time.perf_counter()
             rec.close()  # the encoder's buffered frames are flushed here: part of the per-frame cost
-            per_frame = (sum(samples) + (time.perf_counter() - t0) * 1000.0) / frames
+            per_frame = (sum(stats.samples_ms) + (time.perf_counter() - t0) * 1000.0) / frames
             used = rec.codec or "?"
             label = "h264_nvenc (NVENC)" if codec == "h264_nvenc" else "libx264 (CPU)"
-            add("video encode per frame", label, samples,
+            add("video encode per frame", label, stats,
                 f"encoder used: {used}" + ("" if used == codec else " (NOT the one requested)")
                 + f"; {per_frame:.1f} ms per frame with the final flush")
     ctx.report.table(["what", "variant", "ms p50", "p95", "note"], rows)

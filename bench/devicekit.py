@@ -1,5 +1,6 @@
-"""The device benchmark's scaffolding: the report, the run context, timing helpers, one phase run
-in isolation (``call_phase``, ``run_phase``) and its bookkeeping (``record_outcome``).
+"""The device benchmark's scaffolding: the report, the run context, one phase run in isolation
+(``call_phase``, ``run_phase``) and its bookkeeping (``record_outcome``). Timing is bench/harness.py's
+(``Ctx.measure`` is its ``measure`` on the run's device): one implementation for every benchmark.
 
 bench/device_bench.py lists the phases (bench/device_model.py, bench/device_stream.py);
 bench/devicewatch.py runs each one in a worker process under a deadline. Inside the worker a phase
@@ -21,12 +22,7 @@ from typing import Any, Callable
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-for _path in (REPO, REPO / "clients" / "python"):  # sapiens2_client lives there (no install on the device)
-    if str(_path) not in sys.path:
-        sys.path.insert(0, str(_path))
-
-from bench.harness import measure, percentile  # noqa: E402
+from bench.harness import REPO, Stats, measure, sync
 
 OUR_CODE = (str(REPO / "stages"), str(REPO / "pipeline"))  # where a host sync is ours to fix
 # The smoke run's tiny models: 3 layers (GQA in the middle one) at a 128x96 input, so that every phase's
@@ -149,26 +145,14 @@ class Ctx:
             return None
         return max(self.phase_peak_gib, torch.cuda.max_memory_allocated(self.device) / 2**30)
 
-    def ms(self, fn: Callable[[], object], warmup: int = 3, iters: int | None = None) -> list[float]:
-        """Per-call milliseconds (CUDA events on a GPU, wall clock on the CPU), warm-up excluded."""
-        return measure(fn, iters or self.iters, warmup, self.device).samples_ms
+    def measure(self, fn: Callable[[], object], warmup: int = 3, iters: int | None = None) -> Stats:
+        """bench.harness.measure on the run's device (CUDA events on a GPU, wall clock on the CPU), ctx.iters
+        calls unless ``iters``. For a host-side cost (a blocking copy, an encoder) call harness.measure on
+        the CPU: wall clock."""
+        return measure(fn, iters or self.iters, warmup, self.device)
 
     def sync(self) -> None:
-        if self.cuda:
-            torch.cuda.synchronize(self.device)
-
-
-def p50(samples: list[float]) -> float:
-    return percentile(sorted(samples), 50.0)
-
-
-def p95(samples: list[float]) -> float:
-    return percentile(sorted(samples), 95.0)
-
-
-def wall_ms(fn: Callable[[], object], iters: int, warmup: int = 3) -> list[float]:
-    """Wall-clock milliseconds per call: for host-side costs (a blocking copy, an encoder)."""
-    return measure(fn, iters, warmup, "cpu").samples_ms
+        sync(self.device)
 
 
 # -- one phase -----------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Small timing library for the benchmarks: warm-up excluded, p50/p95, CUDA events on the GPU.
+"""Small timing library for the benchmarks (the CPU scripts and the device benchmark's phases alike):
+warm-up excluded, p50/p95, CUDA events on the GPU.
 
     stats = measure(lambda: model(x), iters=50, warmup=5, device=x.device)
     print(stats.p50, stats.p95, stats.throughput)
@@ -14,7 +15,6 @@ import argparse
 import json
 import platform
 import statistics
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -22,8 +22,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
-
+REPO = Path(__file__).resolve().parents[1]  # the repository root: `python -m bench.<name>` runs there
 
 @dataclass
 class Stats:
@@ -42,22 +41,29 @@ class Stats:
         if not s:
             raise ValueError("no samples")
         mean = statistics.fmean(s)
-        return cls(p50=statistics.median(s), p95=percentile(s, 95.0), mean=mean,
-                   throughput=items * 1000.0 / mean if mean > 0 else float("inf"), n=len(s), samples_ms=list(s))
+        return cls(p50=percentile(s, 50.0), p95=percentile(s, 95.0), mean=mean,
+                   throughput=items * 1000.0 / mean if mean > 0 else float("inf"), n=len(s), samples_ms=s)
 
     def summary(self) -> dict[str, float]:
         """The numbers without the raw samples."""
         return {k: v for k, v in asdict(self).items() if k != "samples_ms"}
 
 
-def percentile(sorted_values: Sequence[float], q: float) -> float:
-    """Linear-interpolated percentile of already sorted values (numpy's default method)."""
-    if len(sorted_values) == 1:
-        return float(sorted_values[0])
-    pos = (len(sorted_values) - 1) * q / 100.0
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile of values in any order (numpy's default method), q in 0..100."""
+    s = sorted(float(v) for v in values)
+    if not s:
+        raise ValueError("percentile of no values")
+    pos = (len(s) - 1) * q / 100.0
     lo = int(pos)
-    hi = min(lo + 1, len(sorted_values) - 1)
-    return float(sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo))
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def sync(device: torch.device | str | None = None) -> None:
+    """Wait for the work queued on a CUDA device; nothing to wait for on the CPU."""
+    if torch.device(device or "cpu").type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 class Timer:
@@ -97,18 +103,15 @@ def measure(fn: Callable[[], object], iters: int, warmup: int = 3, device: torch
     """Call ``fn`` warmup times untimed, then ``iters`` timed times; ``items`` per call for throughput."""
     if iters < 1:
         raise ValueError(f"iters must be >= 1, got {iters}")
-    cuda = torch.device(device or "cpu").type == "cuda"
     for _ in range(warmup):
         fn()
-    if cuda:
-        torch.cuda.synchronize()
+    sync(device)
     timers = []
     for _ in range(iters):
         with Timer(device) as t:
             fn()
         timers.append(t)
-    if cuda:
-        torch.cuda.synchronize()
+    sync(device)
     return Stats.from_samples([t.ms for t in timers], items)
 
 
@@ -121,20 +124,17 @@ def measure_interleaved(fns: dict[str, Callable[[], object]], iters: int, warmup
     """
     if iters < 1:
         raise ValueError(f"iters must be >= 1, got {iters}")
-    cuda = torch.device(device or "cpu").type == "cuda"
     for _ in range(warmup):
         for fn in fns.values():
             fn()
-    if cuda:
-        torch.cuda.synchronize()
+    sync(device)
     timers: dict[str, list[Timer]] = {k: [] for k in fns}
     for _ in range(iters):
         for key, fn in fns.items():
             with Timer(device) as t:
                 fn()
             timers[key].append(t)
-    if cuda:
-        torch.cuda.synchronize()
+    sync(device)
     return {k: Stats.from_samples([t.ms for t in ts], items) for k, ts in timers.items()}
 
 
@@ -235,5 +235,5 @@ def dump_json(path: str | Path, data: Any) -> None:
     Path(path).write_text(json.dumps(data, indent=2, default=default))
 
 
-__all__ = ["Stats", "Timer", "cpu_busy", "dump_json", "load_average", "machine_info", "measure",
-           "measure_interleaved", "percentile", "table", "wait_quiet"]
+__all__ = ["REPO", "Stats", "Timer", "cpu_busy", "dump_json", "load_average", "machine_info", "measure",
+           "measure_interleaved", "percentile", "sync", "table", "wait_quiet"]

@@ -41,9 +41,8 @@ def _env(tmp_path: Path) -> dict[str, str]:
 
 
 def _bench(tmp_path: Path, *args: str, timeout: float) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(REPO / "bench" / "device_bench.py"), "--smoke", "--out", str(tmp_path),
-                           *args], env=_env(tmp_path), cwd=tmp_path, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "bench.device_bench", "--smoke", "--out", str(tmp_path), *args],
+                          env=_env(tmp_path), cwd=REPO, capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.mark.slow
@@ -125,9 +124,9 @@ def test_device_bench_smoke_runs_every_phase(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(120)
 def test_the_3d_step_benchmark_runs_and_reports_both_figures(tmp_path: Path) -> None:
-    ran = subprocess.run([sys.executable, str(REPO / "bench" / "bench_keypoints3d.py"), "--iters", "3", "--warmup",
-                          "1", "--frames", "4", "--json", str(tmp_path / "k3.json")], env=_env(tmp_path),
-                         cwd=tmp_path, capture_output=True, text=True, timeout=110)
+    ran = subprocess.run([sys.executable, "-m", "bench.bench_keypoints3d", "--iters", "3", "--warmup", "1", "--frames",
+                          "4", "--json", str(tmp_path / "k3.json")], env=_env(tmp_path), cwd=REPO,
+                         capture_output=True, text=True, timeout=110)
     assert ran.returncode == 0, ran.stderr[-3000:]
     out = json.loads((tmp_path / "k3.json").read_text())
     assert [r["window"] for r in out["cost"]] == [1, 3, 5] and all(r["p50_ms"] > 0 for r in out["cost"])
@@ -136,10 +135,10 @@ def test_the_3d_step_benchmark_runs_and_reports_both_figures(tmp_path: Path) -> 
 
 
 def _script(tmp_path: Path, name: str, *args: str, timeout: float) -> dict:
-    """Run bench/NAME.py with ``--json``; its numbers."""
+    """Run ``python -m bench.NAME`` from the repository root with ``--json``; its numbers."""
     out = tmp_path / f"{name}.json"
-    ran = subprocess.run([sys.executable, str(REPO / "bench" / f"{name}.py"), *args, "--json", str(out)],
-                         env=_env(tmp_path), cwd=tmp_path, capture_output=True, text=True, timeout=timeout)
+    ran = subprocess.run([sys.executable, "-m", f"bench.{name}", *args, "--json", str(out)],
+                         env=_env(tmp_path), cwd=REPO, capture_output=True, text=True, timeout=timeout)
     assert ran.returncode == 0, ran.stderr[-3000:]
     return json.loads(out.read_text())
 

@@ -66,7 +66,7 @@ def test_the_device_script_says_which_torch_it_runs_on(tmp_path: Path) -> None:
     assert ran.returncode == 0, ran.stderr
     gpu = (tmp_path / "out" / "gpu.txt").read_text()
     assert f"torch {torch.__version__} CUDA" in gpu and "on Python 3." in gpu
-    assert "bench: bench/device_bench.py" in ran.stdout
+    assert "bench: -m bench.device_bench --out" in ran.stdout
 
 
 def test_the_device_script_refuses_a_carried_torch(tmp_path: Path) -> None:
