@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from stages.types import FrameResult, StreamInfo
+from stages.types import FrameResult
 
 from .net.http import HttpService
 
@@ -211,10 +211,6 @@ class PipelineMetrics:
     def serve(self, listen: str) -> HttpService:
         return HttpService(self.app, listen, "metrics").start()
 
-    def sink(self) -> MetricsSink:
-        """The sink that keeps these metrics current."""
-        return MetricsSink(self)
-
 
 def _gauge_values(gauge: Gauge) -> list[tuple[dict, float]]:
     out = []
@@ -222,31 +218,3 @@ def _gauge_values(gauge: Gauge) -> list[tuple[dict, float]]:
         for sample in family.samples:
             out.append((sample.labels, sample.value))
     return out
-
-
-class MetricsSink:
-    """The sink that keeps the metrics current: every frame, every health change of a source."""
-
-    def __init__(self, metrics: PipelineMetrics) -> None:
-        self.metrics = metrics
-        self._failed: set[str] = set()
-
-    def open(self, info: StreamInfo) -> None:
-        self.metrics.add_source(info.source_id)
-        self.metrics.beat()
-
-    def write(self, result: FrameResult) -> None:
-        self.metrics.observe(result)
-
-    def event(self, record: dict[str, Any]) -> None:
-        source = str(record.get("source_id"))
-        self.metrics.source_up.labels(source).set(1 if record.get("event") == "resumed" else 0)
-        if record.get("event") == "failed":
-            self._failed.add(source)
-
-    def close_source(self, source_id: str) -> None:
-        if source_id not in self._failed:  # a failed source stays at 0, as one that could not open
-            self.metrics.source_up.remove(source_id)
-
-    def close(self) -> None:
-        pass

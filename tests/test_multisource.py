@@ -275,7 +275,8 @@ def test_a_stalled_source_never_holds_the_others_up() -> None:
 def test_a_source_failing_mid_run_is_told_to_the_sinks_and_stays_down_in_metrics() -> None:
     """Its sinks hear ``failed`` with the reason, then ``closed``; source_up stays at 0 (an alert sees it), while
     the source that ended normally leaves the metrics."""
-    from pipeline.metrics import MetricsSink, PipelineMetrics, _gauge_values
+    from pipeline.metrics import PipelineMetrics, _gauge_values
+    from pipeline.sinks.metrics import MetricsSink
     from pipeline.sources import SourceEnded, SourceError
 
     metrics = PipelineMetrics()

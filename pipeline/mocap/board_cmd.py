@@ -16,6 +16,7 @@ import logging
 from pathlib import Path
 
 from sapiens2_client.cli import positive
+
 from stages.errors import ConfigError
 
 from .calibrate import add_board_flags, board_of

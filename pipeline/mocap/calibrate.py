@@ -25,9 +25,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sapiens2_client.cli import OneLineParser, positive
+
 from pipeline.cli.args import raise_terminated
 from pipeline.cli.sourcespecs import SourceSpec, missing_file, name_sources
-from sapiens2_client.cli import OneLineParser, positive
 from stages.errors import ConfigError
 from stages.mocap import DEFAULT_MIN_VIEWS
 

@@ -173,12 +173,12 @@ def steps_of(records: dict[str, list[dict[str, Any]]], clock: str, window_s: flo
 
 
 def cmd_triangulate(args: argparse.Namespace) -> int:
+    from pipeline.sinks.world import WorldWriter  # the live run's --save-world writer: one format
     from stages.mocap.camera import CalibrationError, read_rig
     from stages.mocap.fuse import WorldFuser
 
     from .export import write_csv, write_npz, write_trc
     from .setup import fusion_of, rig_for_frames
-    from .world import WorldWriter  # the live run's --save-world writer: one format
 
     if not (args.save_world or args.export_trc or args.csv or args.npz):
         raise ConfigError("triangulate: name an output: --save-world, --export-trc, --csv or --npz")

@@ -100,12 +100,12 @@ def _board_videos(out: Path, rig, demo, rng) -> None:
 def _keypoint_files(folder: Path, rig, demo, rng) -> int:
     """Each camera's keypoint JSONL and the truth's world JSONL; returns the frames written."""
     import numpy as np
-
     from sapiens2_client.jsonl import LineWriter, keypoint_record
+
+    from pipeline.sinks.world import WorldWriter
     from stages.mocap.fuse import WorldFrame
 
     from .synthetic.people import observe
-    from .world import WorldWriter
 
     steps = round(SECONDS * demo.FPS)
     writers = {name: LineWriter(folder / "keypoints" / f"{name}.jsonl") for name in rig.names}

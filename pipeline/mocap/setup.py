@@ -10,16 +10,16 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from pipeline.cli.sourcespecs import SourceSpec
+from pipeline.sinks.trc import TrcExport
+from pipeline.sinks.world import WorldWriter
 from stages.errors import ConfigError
 from stages.mocap.associate import Association
 from stages.mocap.camera import CalibrationError, Rig, read_rig, same_aspect
-from stages.mocap.fuse import Fusion, WorldFrame, WorldFuser
+from stages.mocap.fuse import Fusion, WorldFuser
 from stages.mocap.triangulate import Triangulation
-from stages.types import FrameResult, StreamInfo
 
-from .export import write_trc
 from .options import MocapFields
-from .world import WorldStep, WorldWriter
+from .world import WorldStep
 
 log = logging.getLogger(__name__)
 
@@ -78,49 +78,6 @@ def fusion_of(cfg: MocapFields, kpt_threshold: float, smooth_min_cutoff: float) 
                   triangulation=Triangulation(kpt_threshold, cfg.world_max_error_px, cfg.world_min_views,
                                               cfg.world_min_angle_deg),
                   smooth=(smooth_min_cutoff, cfg.world_smooth_beta) if cfg.world_smooth else None)
-
-
-class TrcExport:
-    """``--export-trc``: at the end of the run, the world skeletons as TRC. It reads the world JSONL
-    (the run's ``--save-world`` file, or one it spools beside the TRC and removes), so it exports
-    what the run computed even when the run ends on an error."""
-
-    def __init__(self, path: str | Path, up: str, world_jsonl: str | Path | None = None) -> None:
-        self.path, self.up = Path(path), up
-        self._own = world_jsonl is None
-        self.source = Path(world_jsonl) if world_jsonl else self.path.with_name(self.path.name + ".world.jsonl.part")
-        self._spool = WorldWriter(self.source) if self._own else None
-        self.steps = 0
-        self.written: list[Path] = []  # the TRC files, once closed
-        self.camera_rate: float | None = None  # the cameras' nominal fps (the TRC's CameraRate)
-
-    def open(self, info: StreamInfo) -> None:
-        self.camera_rate = self.camera_rate or info.fps
-
-    def write(self, result: FrameResult) -> None:
-        pass
-
-    def write_world(self, world: WorldFrame) -> None:
-        if self._spool is not None:
-            self._spool.write_world(world)
-        self.steps += 1
-
-    def close(self) -> None:
-        if self._spool is not None:
-            self._spool.close()
-        try:
-            if self.steps and self.source.exists():
-                export = write_trc(self.source, self.path, self.up, camera_rate=self.camera_rate)
-                self.written = export.paths
-                for line in export.wrote():
-                    log.info("%s", line)
-                if export.warning():
-                    log.warning("--export-trc %s: %s", self.path, export.warning())
-            else:
-                log.warning("--export-trc %s: no world step was fused: no TRC written", self.path)
-        finally:
-            if self._own:
-                self.source.unlink(missing_ok=True)
 
 
 def world_setup(cfg, rig: Rig | None, sources: list) -> tuple[WorldStep | None, list]:

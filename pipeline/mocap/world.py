@@ -31,9 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from sapiens2_client.jsonl import LineWriter
 from stages.mocap.fuse import CameraView, WorldFrame, WorldFuser
-from stages.types import FrameResult, Keypoints, StreamInfo
+from stages.types import FrameResult, Keypoints
 
 log = logging.getLogger(__name__)
 
@@ -126,27 +125,3 @@ def read_world(path: str | Path) -> Iterator[dict[str, Any]]:
         if "step" not in record or not isinstance(record.get("persons"), list):
             raise ValueError(f"{path}: a line is not a world step record (no step or persons)")
         yield record
-
-
-class WorldWriter:
-    """``--save-world``: a sink of world steps (frames are not its business); created by its first step."""
-
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-        self._lines = LineWriter(self.path)
-
-    @property
-    def lines_written(self) -> int:
-        return self._lines.lines_written
-
-    def open(self, info: StreamInfo) -> None:
-        pass
-
-    def write(self, result: FrameResult) -> None:
-        pass
-
-    def write_world(self, world: WorldFrame) -> None:
-        self._lines.write(world_record(world))
-
-    def close(self) -> None:
-        self._lines.close()

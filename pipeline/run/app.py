@@ -19,7 +19,6 @@ from pipeline.cli.preflight import expand, matte_background, preflight
 from pipeline.cli.sourcespecs import SourceSpec
 from pipeline.cli.terminal import Display
 from pipeline.mocap.setup import check_rig, world_setup
-from pipeline.mocap.world import WorldWriter
 from pipeline.run.build import Stages, build_stages, pick_device
 from pipeline.run.engine import FrameEngine
 from pipeline.run.runner import Runner, SourceStats
@@ -28,6 +27,7 @@ from pipeline.sinks.jsonl import KeypointWriter
 from pipeline.sinks.preview import PreviewWindow
 from pipeline.sinks.publisher import ZmqPublisher, curve_for
 from pipeline.sinks.recorder import VideoRecorder
+from pipeline.sinks.world import WorldWriter
 from pipeline.sources import Source, SourceError, open_source
 from stages.annotate import MatteAnnotator, SkeletonAnnotator, compose_annotators
 from stages.keypoints3d import Lift
@@ -128,7 +128,9 @@ def run_pipeline(cfg: RunConfig, stop: threading.Event | None = None) -> int:
         sinks = build_sinks(cfg, stop, several)
         _start_view(cfg, sinks, services)
         if metrics is not None:
-            sinks.append(metrics.sink())
+            from pipeline.sinks.metrics import MetricsSink
+
+            sinks.append(MetricsSink(metrics))
             publisher = next((s for s in sinks if isinstance(s, ZmqPublisher) and not isinstance(s, _ViewFeed)), None)
             metrics.watch_publisher(publisher)
         sources, failed_at_start = open_sources(cfg, specs)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from sapiens2_client.jsonl import JsonlError, LineWriter, keypoint_record
+
 from stages.types import FrameResult, StreamInfo
 
 __all__ = ["JsonlError", "KeypointWriter", "result_to_record"]

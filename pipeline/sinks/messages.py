@@ -11,8 +11,8 @@ from collections.abc import Collection
 from typing import Any
 
 import numpy as np
-
 from sapiens2_client import wire
+
 from stages.mocap.fuse import WorldFrame
 from stages.types import FrameResult, StreamInfo
 

@@ -30,13 +30,13 @@ from typing import Any
 
 import zmq
 import zmq.auth
-from zmq.auth.thread import ThreadAuthenticator
-from zmq.utils.monitor import recv_monitor_message
-
 from sapiens2_client import wire
 from sapiens2_client.endpoints import check_endpoint, is_loopback
 from sapiens2_client.keys import CurveClientKeys, CurveKeyring, CurveServerKeys, KeysError
 from sapiens2_client.timing import RateMeter
+from zmq.auth.thread import ThreadAuthenticator
+from zmq.utils.monitor import recv_monitor_message
+
 from stages.mocap.fuse import WorldFrame
 from stages.types import FrameResult, StreamInfo
 

@@ -18,8 +18,8 @@ from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
-
 from sapiens2_client.video import FALLBACKS, RecorderError, VideoWriter
+
 from stages.types import Frame, FrameResult, StreamInfo
 
 log = logging.getLogger(__name__)
