@@ -292,12 +292,12 @@ def test_published_frames_are_jpeg_encoded_on_the_gpu_by_default_on_cuda(device,
     off. (A CUDA machine stood in for: only whether CUDA is there and a stream are asked of it.)"""
     import threading
 
-    from pipeline.run.app import build_sinks
+    from pipeline.sinks.build import build_outputs
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: object())
     cfg = load_config(None, {"publish": "tcp://127.0.0.1:*", "device": device, "gpu_jpeg": gpu_jpeg})
-    (publisher,) = build_sinks(cfg, threading.Event())
+    (publisher,) = build_outputs(cfg, threading.Event()).sinks
     try:
         assert publisher.jpeg.active is active
         if active:

@@ -149,7 +149,8 @@ def process_video(cfg: RunConfig, stages: Stages, item: Item, out: Path, run_id:
 def _run_one(cfg: RunConfig, stages: Stages, item: Item, folder: Path, token: str) -> tuple[int, int]:
     """The plain pipeline on one file into temporaries, renamed into place once whole; (frames written,
     corrupt packets skipped)."""
-    from pipeline.run.app import assemble, build_sinks
+    from pipeline.run.app import assemble
+    from pipeline.sinks.build import build_outputs
     from pipeline.sources import Source
     from pipeline.sources.readers import open_file
 
@@ -161,7 +162,7 @@ def _run_one(cfg: RunConfig, stages: Stages, item: Item, folder: Path, token: st
     sinks: list = []
     try:  # until the runner owns them, a failure here must close the source and sinks
         source.open()
-        sinks = build_sinks(run_cfg, stop)
+        sinks = build_outputs(run_cfg, stop).sinks
         runner, display = assemble(run_cfg, source, stages, sinks, stop)
     except BaseException:
         source.stop()

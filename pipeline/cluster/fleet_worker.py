@@ -18,8 +18,9 @@ class GpuWorker:
 
     def __init__(self, index: int, spec: dict[str, Any]) -> None:
         from pipeline.cli.config import load_config
-        from pipeline.run.app import assemble, build_sinks
+        from pipeline.run.app import assemble
         from pipeline.run.build import build_stages
+        from pipeline.sinks.build import build_outputs
 
         spec_ = FleetSpec.from_dict(spec)
         self.index, self.spec = index, spec_
@@ -28,7 +29,7 @@ class GpuWorker:
             overrides.update(curve_dir=spec_.curve_dir, curve_client=spec_.curve_client)
         self.cfg = load_config(None, overrides)
         self.stop = threading.Event()
-        self.sinks = build_sinks(self.cfg, self.stop, several=True)
+        self.sinks = build_outputs(self.cfg, self.stop, several=True).sinks
         self.stages = build_stages(self.cfg)
         self.runner, _ = assemble(self.cfg, [], self.stages, self.sinks, self.stop,
                                   max_frames_per_step=spec_.capacity)

@@ -1,6 +1,5 @@
 """A run's motion capture from its config: the checks before anything loads (the rig file against
-the sources' names, then against their frame sizes once they open), the world step and the world
-sinks (``--save-world``, ``--export-trc``)."""
+the sources' names, then against their frame sizes once they open) and the world step."""
 
 from __future__ import annotations
 
@@ -10,8 +9,6 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from pipeline.cli.sourcespecs import SourceSpec
-from pipeline.sinks.trc import TrcExport
-from pipeline.sinks.world import WorldWriter
 from stages.errors import ConfigError
 from stages.mocap.associate import Association
 from stages.mocap.camera import CalibrationError, Rig, read_rig, same_aspect
@@ -80,17 +77,11 @@ def fusion_of(cfg: MocapFields, kpt_threshold: float, smooth_min_cutoff: float) 
                   smooth=(smooth_min_cutoff, cfg.world_smooth_beta) if cfg.world_smooth else None)
 
 
-def world_setup(cfg, rig: Rig | None, sources: list) -> tuple[WorldStep | None, list]:
-    """The world step and the world sinks of a run (none without --triangulate), the rig fitted to the
-    frame sizes of the opened ``sources`` (``rig_for_frames``)."""
+def world_setup(cfg, rig: Rig | None, sources: list) -> WorldStep | None:
+    """The world step of a run (None without --triangulate), the rig fitted to the frame sizes of the
+    opened ``sources`` (``rig_for_frames``). Its outputs are sinks (``pipeline.sinks.build``)."""
     if rig is None:
-        return None, []
+        return None
     sizes = {s.info.source_id: (s.info.width, s.info.height) for s in sources}
     rig = rig_for_frames(rig, sizes, cfg.rescale_calibration, "its frames", cfg.calibration)
-    step = WorldStep(WorldFuser(rig, fusion_of(cfg, cfg.kpt_threshold, cfg.smooth_min_cutoff)))
-    sinks: list = []
-    if cfg.save_world:
-        sinks.append(WorldWriter(cfg.save_world))
-    if cfg.export_trc:
-        sinks.append(TrcExport(cfg.export_trc, cfg.trc_up, cfg.save_world))
-    return step, sinks
+    return WorldStep(WorldFuser(rig, fusion_of(cfg, cfg.kpt_threshold, cfg.smooth_min_cutoff)))

@@ -15,19 +15,16 @@ import sys
 import threading
 
 from pipeline.cli.config import ConfigError, RunConfig
-from pipeline.cli.preflight import expand, matte_background, preflight
+from pipeline.cli.preflight import matte_background, preflight
 from pipeline.cli.sourcespecs import SourceSpec
 from pipeline.cli.terminal import Display
 from pipeline.mocap.setup import check_rig, world_setup
 from pipeline.run.build import Stages, build_stages, pick_device
 from pipeline.run.engine import FrameEngine
 from pipeline.run.runner import Runner, SourceStats
-from pipeline.sinks import PerSource, Sink
-from pipeline.sinks.jsonl import KeypointWriter
-from pipeline.sinks.preview import PreviewWindow
-from pipeline.sinks.publisher import ZmqPublisher, curve_for
-from pipeline.sinks.recorder import VideoRecorder
-from pipeline.sinks.world import WorldWriter
+from pipeline.sinks import Sink
+from pipeline.sinks.build import Outputs, build_outputs
+from pipeline.sinks.publisher import ZmqPublisher
 from pipeline.sources import Source, SourceError, open_source
 from stages.annotate import MatteAnnotator, SkeletonAnnotator, compose_annotators
 from stages.keypoints3d import Lift
@@ -37,35 +34,6 @@ from stages.tasks import layers
 from stages.types import FrameResult
 
 log = logging.getLogger("sapiens2_stream")
-
-def build_sinks(cfg: RunConfig, stop: threading.Event, several: bool = False) -> list[Sink]:
-    """The run's sinks; the publisher is bound here (before models load), files are created later.
-    With ``{source}`` in a path each source gets a file of its own; one keypoint file for several
-    sources tags each line with its source."""
-    sinks: list[Sink] = []
-    endpoint = cfg.publish or cfg.publish_connect
-    if endpoint:
-        connect = cfg.publish_connect is not None
-        publisher = ZmqPublisher(endpoint, connect=connect, jpeg_quality=cfg.jpeg_quality,
-                                 curve=curve_for(cfg.curve_dir, connect, cfg.curve_client),
-                                 gpu_jpeg=cfg.gpu_jpeg if cfg.gpu_jpeg is not None else cfg.device != "cpu",
-                                 raw_frames=cfg.publish_raw_frames)
-        publisher.bind()
-        sinks.append(publisher)
-    if cfg.record:
-        record, codec, fragment = cfg.record, cfg.record_codec, cfg.record_fragment_s
-        sinks.append(PerSource(lambda info: VideoRecorder(expand(record, info.source_id), codec=codec,
-                                                          fragment_s=fragment), uses_image=True))
-    if cfg.save_keypoints:
-        if "{source}" in cfg.save_keypoints:
-            path = cfg.save_keypoints
-            sinks.append(PerSource(lambda info: KeypointWriter(expand(path, info.source_id))))
-        else:
-            sinks.append(KeypointWriter(cfg.save_keypoints, tag_source=several))
-    if cfg.show:
-        sinks.append(PerSource(lambda info: PreviewWindow(stop), uses_image=True))
-    return sinks
-
 
 def open_sources(cfg: RunConfig, specs: list[SourceSpec]) -> tuple[list[Source], dict[str, str]]:
     """Open every source (in parallel: a slow camera does not hold the others up). Returns the ones
@@ -119,28 +87,19 @@ def run_pipeline(cfg: RunConfig, stop: threading.Event | None = None) -> int:
     preflight(cfg, specs)
     rig = check_rig(cfg, specs)  # --triangulate: the calibration read and matched to the sources
     device = pick_device(cfg.device)
-    several = len(specs) > 1 or cfg.control is not None
-    services: list = []  # HTTP servers and the control endpoint, closed when the run ends
-    sinks: list[Sink] = []
+    outputs = Outputs()
     sources: list[Source] = []
-    try:  # until the runner owns them, a setup failure must close the sources and sinks here
-        metrics = _start_metrics(cfg, services)
-        sinks = build_sinks(cfg, stop, several)
-        _start_view(cfg, sinks, services)
-        if metrics is not None:
-            from pipeline.sinks.metrics import MetricsSink
-
-            sinks.append(MetricsSink(metrics))
-            publisher = next((s for s in sinks if isinstance(s, ZmqPublisher) and not isinstance(s, _ViewFeed)), None)
-            metrics.watch_publisher(publisher)
+    try:  # until the runner owns them, a setup failure must close the sources and outputs here
+        outputs = build_outputs(cfg, stop, several=len(specs) > 1 or cfg.control is not None)
+        metrics = outputs.metrics
         sources, failed_at_start = open_sources(cfg, specs)
-        world, world_sinks = world_setup(cfg, rig, sources)  # the calibration checked against the frame sizes
-        sinks += world_sinks
+        world = world_setup(cfg, rig, sources)  # the calibration checked against the frame sizes
         if metrics is not None:
             for name in failed_at_start:  # a series at 0 for each: an alert on source_up sees it
                 metrics.add_source(name)
         stages = build_stages(cfg, device)
-        runner, display = assemble(cfg, sources, stages, sinks, stop, max_frames_per_step=len(specs), world=world)
+        runner, display = assemble(cfg, sources, stages, outputs.sinks, stop, max_frames_per_step=len(specs),
+                                   world=world)
         if metrics is not None:
             def describe() -> None:  # the precision each stage computes in, as resolved (and after a fallback)
                 metrics.describe_run(cfg.tasks, cfg.model_size, precision(stages), stages.device,
@@ -154,7 +113,7 @@ def run_pipeline(cfg: RunConfig, stop: threading.Event | None = None) -> int:
         if cfg.control is not None:
             from pipeline.net.control import ControlServer
 
-            services.append(ControlServer(cfg.control, runner, lambda spec: open_spec(cfg, spec)))
+            outputs.services.append(ControlServer(cfg.control, runner, lambda spec: open_spec(cfg, spec)))
             runner.keep_alive = True
             runner.idle_note = f"every source has ended; the control endpoint {cfg.control} waits for more " \
                                "(Ctrl-C to stop)"
@@ -164,9 +123,8 @@ def run_pipeline(cfg: RunConfig, stop: threading.Event | None = None) -> int:
     except BaseException:
         for source in sources:
             source.stop()
-        for sink in sinks:
-            sink.close()
-        _close_all(services)
+        outputs.close_sinks()
+        outputs.close_services()
         raise
     if metrics is not None:
         metrics.loop_started()
@@ -174,71 +132,18 @@ def run_pipeline(cfg: RunConfig, stop: threading.Event | None = None) -> int:
         stats = runner.run()
     finally:
         stages.close()
-        _close_all(services)
+        outputs.close_services()
         display.close()
     if stats.error is not None:
         raise stats.error
     _summary(stats, runner.every_source(), stages.random_weights)
-    for sink in _flatten(sinks):
-        if isinstance(sink, VideoRecorder) and sink.frames_written:
-            log.info("wrote %s (%d frames)", sink.path, sink.frames_written)
-        elif isinstance(sink, KeypointWriter | WorldWriter) and sink.lines_written:
-            log.info("wrote %s (%d lines)", sink.path, sink.lines_written)
+    for line in outputs.wrote():
+        log.info("%s", line)
     failed = {**failed_at_start, **stats.failed}
     if failed:
         names = ", ".join(f"{name} ({why})" for name, why in failed.items())
         raise SourceError(f"{len(failed)} of {len(specs)} sources failed: {names}")
     return 0
-
-
-def _start_metrics(cfg: RunConfig, services: list):
-    """/metrics, /healthz and /readyz from the start: an orchestrator sees the models load. (A
-    PipelineMetrics; imported here: aiohttp and prometheus_client cost a run without them 0.2 s.)"""
-    if cfg.metrics is None:
-        return None
-    from pipeline.metrics import PipelineMetrics
-
-    metrics = PipelineMetrics()
-    metrics.beat()
-    services.append(metrics.serve(cfg.metrics))
-    return metrics
-
-
-class _ViewFeed(ZmqPublisher):
-    """The ``--view`` server's own loopback publisher (raw frames: the page draws every layer)."""
-
-    announce = "the web view's own feed (raw frames for the page, apart from any --publish) is"
-
-
-def _start_view(cfg: RunConfig, sinks: list[Sink], services: list) -> None:
-    """``--view``: a publisher of raw frames on a free loopback port, and the web viewer reading it."""
-    if cfg.view is None:
-        return
-    from pipeline.viewer.server import ViewServer
-
-    feed = _ViewFeed("tcp://127.0.0.1:*", jpeg_quality=cfg.jpeg_quality, raw_frames=True)
-    feed.bind()
-    sinks.append(feed)
-    server = ViewServer([feed.endpoint], cfg.view, cfg.view_token, kpt_threshold=cfg.kpt_threshold).start()
-    services.append(server)
-    log.info("web view: %s/%s", server.url, "?token=..." if cfg.view_token else "")
-
-
-def _close_all(services: list) -> None:
-    for service in reversed(services):
-        closer = getattr(service, "close", None) or getattr(service, "stop")
-        try:
-            closer()
-        except Exception as exc:  # a server that fails to stop must not hide the run's outcome
-            log.debug("stopping %s failed: %s", type(service).__name__, exc)
-    services.clear()
-
-
-def _flatten(sinks: list[Sink]) -> list[Sink]:
-    out: list[Sink] = []
-    for sink in sinks:
-        out.extend([*sink.finished, *sink.sinks.values()] if isinstance(sink, PerSource) else [sink])
-    return out
 
 
 def precision(stages: Stages) -> str:
@@ -362,4 +267,4 @@ def _annotation_layers(cfg: RunConfig) -> list:
     return chosen
 
 
-__all__ = ["assemble", "build_sinks", "run_pipeline"]
+__all__ = ["assemble", "run_pipeline"]

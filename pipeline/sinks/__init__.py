@@ -1,10 +1,21 @@
-"""The sink interface: where finished frames go (recorder, JSONL, ZeroMQ, preview).
+"""Where finished frames go. Every sink of a run is built in ``pipeline.sinks.build.build_outputs``.
 
-A sink is opened once per source with that stream's facts, receives every finished FrameResult
-in order from one thread, and is always closed (in a ``finally``), even after an error, so that
-recordings and files are finalised. Optional: ``event(record)`` (a source's health changed) and
-``close_source(source_id)`` (a source was removed while running). ``PerSource`` gives each source
-a sink of its own (one recording per camera).
+The protocol: ``open(info)`` once per source with that stream's facts; ``write(result)`` for every
+finished FrameResult, in order, from one thread; ``close()`` always (in a ``finally``, after an
+error too). Optional: ``write_world(world)`` (a motion-capture step), ``event(record)`` (a source's
+health changed), ``close_source(source_id)`` (a source ended or was removed), ``uses_image`` (it
+needs the annotated picture), and ``path`` with ``frames_written`` or ``lines_written`` (the run's
+summary names the file). ``PerSource`` gives each source a sink of its own (one recording per camera).
+
+What each keeps when the process dies (SIGKILL, a full disk) before ``close``:
+
+- ``VideoRecorder`` (``--record``, recorder.py): a playable file of all but the last
+  ``--record-fragment-s`` (and the frames queued for the encoder).
+- ``KeypointWriter`` (``--save-keypoints``, jsonl.py), ``WorldWriter`` (``--save-world``, world.py):
+  every whole line; a write cut short (full disk) is cut back to the last whole one.
+- ``TrcExport`` (``--export-trc``, trc.py): no TRC (it is written at close); its world spool as above.
+- ``ZmqPublisher`` (``--publish``, the ``--view`` feed), ``PreviewWindow`` (``--show``), ``MetricsSink``
+  (``--metrics``): nothing to keep.
 """
 
 from __future__ import annotations

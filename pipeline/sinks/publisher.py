@@ -87,8 +87,6 @@ class ZmqPublisher:
     the server keys when binding, or the client keys (with the broker's public key) when connecting.
     """
 
-    announce = "publishing"  # what the log line of the bound endpoint says it is
-
     def __init__(
         self,
         endpoint: str = wire.DEFAULT_ENDPOINT,
@@ -103,6 +101,7 @@ class ZmqPublisher:
         curve: CurveServerKeys | CurveClientKeys | None = None,
         gpu_jpeg: bool = False,
         raw_frames: bool = False,
+        announce: str = "publishing",
     ) -> None:
         if header_format not in wire.HEADER_FORMATS:
             raise ValueError(f"header_format must be msgpack or json, got {header_format!r}")
@@ -126,6 +125,7 @@ class ZmqPublisher:
         self.curve = curve
         self.jpeg = JpegEncoder(jpeg_quality, "auto" if gpu_jpeg else None)
         self.raw_frames = raw_frames  # publish the frame as decoded, without the pipeline's overlays
+        self.announce = announce  # what the log line of the bound endpoint says it is
         self.detector: str | None = None  # how persons are found (status messages say it), once the stages are built
         self.stats = PublisherStats()
         self.endpoint = endpoint

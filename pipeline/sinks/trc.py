@@ -26,9 +26,11 @@ class TrcExport:
         self.steps = 0
         self.written: list[Path] = []  # the TRC files, once closed
         self.camera_rate: float | None = None  # the cameras' nominal fps (the TRC's CameraRate)
+        self.opened = False  # a source opened: the run started (one that never did says nothing at close)
 
     def open(self, info: StreamInfo) -> None:
         self.camera_rate = self.camera_rate or info.fps
+        self.opened = True
 
     def write(self, result: FrameResult) -> None:
         pass
@@ -49,7 +51,7 @@ class TrcExport:
                     log.info("%s", line)
                 if export.warning():
                     log.warning("--export-trc %s: %s", self.path, export.warning())
-            else:
+            elif self.opened:
                 log.warning("--export-trc %s: no world step was fused: no TRC written", self.path)
         finally:
             if self._own:
