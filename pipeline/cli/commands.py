@@ -40,11 +40,11 @@ def cmd_make_tiny(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from pipeline.cli.preflight import preflight, unused_settings
+    from pipeline.cli.preflight import check_run, unused_settings
 
     cfg = run_config(args)
     logging.getLogger().setLevel(cfg.log_level.upper())
-    preflight(cfg)  # before torch and the pipeline are imported: bad input costs half a second, not eight
+    checked = check_run(cfg)  # before torch and the pipeline are imported: bad input costs half a second, not eight
     for note in unused_settings(cfg):
         log.warning(note)
     from pipeline.run.app import run_pipeline
@@ -65,7 +65,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, request_stop)
     signal.signal(signal.SIGTERM, request_stop)
     try:
-        return run_pipeline(cfg, stop)
+        return run_pipeline(cfg, stop, checked)
     finally:
         # The outputs are finished: a late signal (a held Ctrl-C) must not kill the exit with it.
         signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -12,7 +12,9 @@ import json
 import os
 import re
 import socket
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from sapiens2_client.display import no_display
@@ -24,6 +26,9 @@ from pipeline.cli.config import ConfigError, RunConfig, flag_of
 from pipeline.cli.sourcespecs import SourceSpec, missing_file
 from stages.sapiens2.checkpoint_source import is_hub_id
 from stages.tasks import by_architecture
+
+if TYPE_CHECKING:
+    from stages.mocap.camera import Rig
 
 # what Ultralytics loads as a detector (weights, its exports, or an architecture with random weights)
 DETECTOR_SUFFIXES = (".pt", ".yaml", ".yml", ".onnx", ".torchscript", ".engine", ".mlpackage", ".tflite")
@@ -65,6 +70,23 @@ def _read_only_mount(path: Path) -> bool:
 def expand(path: str, source_id: str) -> str:
     """An output path for one source: ``{source}`` becomes its id."""
     return path.replace("{source}", source_id)
+
+
+@dataclass(frozen=True)
+class Checked:
+    """A run's input, checked once before anything heavy is imported: its sources and (--triangulate)
+    its calibration, read and matched to the sources' names."""
+
+    specs: list[SourceSpec]
+    rig: Rig | None = None
+
+
+def check_run(cfg: RunConfig) -> Checked:
+    """The one validation pass of a run before models load (the config's values were checked when it was
+    made, ``RunConfig.validate``): ConfigError, one line, on the first thing wrong."""
+    specs = cfg.source_specs()
+    preflight(cfg, specs)
+    return Checked(specs, check_rig(cfg, specs))
 
 
 def preflight(cfg: RunConfig, specs: list[SourceSpec] | None = None, *, check_sources: bool = True) -> None:
@@ -237,3 +259,25 @@ def matte_background(spec: str) -> tuple[int, int, int] | np.ndarray:
     if image is None:
         raise ConfigError(f"matte_background: {spec!r} is neither R,G,B nor a readable image file")
     return cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
+
+
+def check_rig(cfg: RunConfig, specs: list[SourceSpec]) -> Rig | None:
+    """The rig of a --triangulate run, read and matched to the sources; ConfigError (one line) when the
+    file is missing or bad, or a source has no camera of its name. None without --triangulate."""
+    if not cfg.triangulate or not cfg.calibration:
+        return None
+    from stages.mocap.camera import CalibrationError, read_rig  # (numpy and OpenCV: only for --triangulate)
+
+    if cfg.save_world:
+        check_output_path(cfg.save_world, "save_world")
+    if cfg.export_trc:
+        check_output_path(cfg.export_trc.replace("{person}", "0"), "export_trc", (".trc",))
+    try:
+        rig = read_rig(cfg.calibration)
+        rig.check_sources([spec.id or "src" for spec in specs], cfg.calibration)
+    except CalibrationError as exc:
+        raise ConfigError(f"calibration: {exc}") from None
+    if len(specs) < 2:
+        raise ConfigError("triangulate: needs at least two sources, one per calibrated camera (--source "
+                          f"NAME=SPEC with the names {', '.join(rig.names)})")
+    return rig

@@ -8,10 +8,9 @@ import logging
 from collections.abc import Mapping
 from pathlib import Path
 
-from pipeline.cli.sourcespecs import SourceSpec
 from stages.errors import ConfigError
 from stages.mocap.associate import Association
-from stages.mocap.camera import CalibrationError, Rig, read_rig, same_aspect
+from stages.mocap.camera import Rig, same_aspect
 from stages.mocap.fuse import Fusion, WorldFuser
 from stages.mocap.triangulate import Triangulation
 
@@ -19,28 +18,6 @@ from .options import MocapFields
 from .world import WorldStep
 
 log = logging.getLogger(__name__)
-
-
-def check_rig(cfg: MocapFields, specs: list[SourceSpec]) -> Rig | None:
-    """The rig of a --triangulate run, read and matched to the sources; ConfigError (one line) when the
-    file is missing or bad, or a source has no camera of its name. None without --triangulate."""
-    if not cfg.triangulate or not cfg.calibration:
-        return None
-    from pipeline.cli.preflight import check_output_path  # (no import cycle: preflight never imports this module)
-
-    if cfg.save_world:
-        check_output_path(cfg.save_world, "save_world")
-    if cfg.export_trc:
-        check_output_path(cfg.export_trc.replace("{person}", "0"), "export_trc", (".trc",))
-    try:
-        rig = read_rig(cfg.calibration)
-        rig.check_sources([spec.id or "src" for spec in specs], cfg.calibration)
-    except CalibrationError as exc:
-        raise ConfigError(f"calibration: {exc}") from None
-    if len(specs) < 2:
-        raise ConfigError("triangulate: needs at least two sources, one per calibrated camera (--source "
-                          f"NAME=SPEC with the names {', '.join(rig.names)})")
-    return rig
 
 
 def rig_for_frames(rig: Rig, sizes: Mapping[str, tuple[int, int]], rescale: bool, frames: str,

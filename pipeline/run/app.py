@@ -1,7 +1,7 @@
 """Assembling a run from its config: checks, outputs, source, stages, display; returns the exit code.
 
 The order is what makes bad input cheap: everything that can be checked without a model is
-checked first (``preflight``: values, endpoints, output folders, files, keys, the detector model),
+checked first (``pipeline.cli.preflight.check_run``: values, endpoints, output folders, files, keys, the detector model),
 then the publisher binds (a taken port fails here), then the source opens (a missing camera or a
 corrupt file fails in seconds), and only then do the models load. File outputs are created by
 their first frame, so a run that fails to start never truncates an existing recording or
@@ -15,10 +15,10 @@ import sys
 import threading
 
 from pipeline.cli.config import ConfigError, RunConfig
-from pipeline.cli.preflight import matte_background, preflight
+from pipeline.cli.preflight import Checked, check_run, matte_background
 from pipeline.cli.sourcespecs import SourceSpec
 from pipeline.cli.terminal import Display
-from pipeline.mocap.setup import check_rig, world_setup
+from pipeline.mocap.setup import world_setup
 from pipeline.run.build import Stages, build_stages, pick_device
 from pipeline.run.engine import FrameEngine
 from pipeline.run.runner import Runner, SourceStats
@@ -79,13 +79,14 @@ def open_spec(cfg: RunConfig, spec: SourceSpec) -> Source:
     return open_source(spec.uri, realtime=realtime, stall_timeout_s=stall, source_id=spec.id)
 
 
-def run_pipeline(cfg: RunConfig, stop: threading.Event | None = None) -> int:
+def run_pipeline(cfg: RunConfig, stop: threading.Event | None = None, checked: Checked | None = None) -> int:
     """Run until every source ended, max_frames, a stop request or an error. 0 on success; raises
-    (one line) when a source failed, after the others finished and every output was finalised."""
+    (one line) when a source failed, after the others finished and every output was finalised.
+    ``checked``: the run's input as ``check_run`` found it (the command line checks before it imports
+    this module); checked here when not given."""
     stop = stop or threading.Event()
-    specs = cfg.source_specs()
-    preflight(cfg, specs)
-    rig = check_rig(cfg, specs)  # --triangulate: the calibration read and matched to the sources
+    checked = checked or check_run(cfg)
+    specs, rig = checked.specs, checked.rig
     device = pick_device(cfg.device)
     outputs = Outputs()
     sources: list[Source] = []
