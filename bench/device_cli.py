@@ -141,7 +141,7 @@ def phase_starts(ctx: Ctx) -> None:
     ctx.say(f"\n## Start-up of a compiled run (pose {size} x1, `--compile default`, a process each)\n")
     if ctx.smoke:
         ctx.mark_cuda_only("measured on CUDA: a cold Inductor compile costs this CPU minutes for figures that "
-                           "mean nothing (tests/test_compile_cli.py runs the first and second start of the command)")
+                           "mean nothing (tests/stages/sapiens2/test_compile_cli.py runs the first and second start of the command)")
         return
     rows = []
     with tempfile.TemporaryDirectory(prefix="starts-") as tmp:

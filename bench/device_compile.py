@@ -110,7 +110,7 @@ def _compiled(ctx: Ctx, est, pixels: torch.Tensor, budget_s: float) -> tuple[boo
 def smoke_compile(ctx: Ctx):
     """In the smoke run, compile with dynamo + AOTAutograd but not Inductor's code generation: a cold
     Inductor compile of even the tiny model costs the CPU 30-45 s per shape, for figures that mean
-    nothing here (tests/test_fastpath.py and tests/test_compile_cli.py compile with Inductor)."""
+    nothing here (tests/stages/sapiens2/test_fastpath.py and tests/stages/sapiens2/test_compile_cli.py compile with Inductor)."""
     if not ctx.smoke:
         yield
         return

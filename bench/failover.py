@@ -1,6 +1,6 @@
 """A fleet's cameras moving, seen by a subscriber at the broker: the newest frame index of each, then
 the capture time of each one's first frame on its new GPU actor. Used by bench_fleet.py and by
-tests/test_fleet.py; both raise TimeoutError past their deadline."""
+tests/pipeline/cluster/test_fleet.py; both raise TimeoutError past their deadline."""
 
 from __future__ import annotations
 

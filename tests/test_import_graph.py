@@ -257,7 +257,7 @@ def test_every_form_of_import_is_an_edge(tmp_path: Path, source: str, edge: str 
 def test_a_run_imports_neither_torchvision_nor_scipy() -> None:
     """What every run (and every CLI process of the tests) imports stays lean: torchvision pulls in
     torch._dynamo (1.3 s of CPU per process; our resize and blur weights are its arithmetic written out,
-    tests/test_sapiens2_parity.py), scipy is for a rig's steps only (0.45 s), aiohttp and
+    tests/stages/sapiens2/test_sapiens2_parity.py), scipy is for a rig's steps only (0.45 s), aiohttp and
     prometheus_client for --metrics and --view (0.2 s). The person detector (Ultralytics) still brings
     torchvision when a run asks for it."""
     import subprocess

@@ -19,7 +19,7 @@ from .preprocess import crop_params, device_constant, pad_box
 def _blur_kernel(kernel: int, device: torch.device) -> Tensor:
     """(kernel, kernel) Gaussian weights with cv2's sigma for the size, made exactly as torchvision's
     ``gaussian_blur`` (and so the reference) makes them: a softmax over a linspace, per axis, then the
-    outer product, in float32 (tests/test_sapiens2_parity.py holds them against torchvision's)."""
+    outer product, in float32 (tests/stages/sapiens2/test_sapiens2_parity.py holds them against torchvision's)."""
     sigma = 0.3 * ((kernel - 1) * 0.5 - 1) + 0.8
     lim = (kernel - 1) / (2.0 * math.sqrt(2.0))
     axis = torch.softmax(torch.linspace(-lim, lim, steps=kernel, dtype=torch.float32).div(sigma).pow(2).neg(), dim=0)

@@ -27,7 +27,7 @@ from stages.types import Detections, Frame, FrameResult, Keypoints, Matte, Strea
 from tests.cliutil import wait_for
 
 H, W = 48, 64
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "WIRE.md"
+DOCS = Path(__file__).resolve().parents[3] / "docs" / "WIRE.md"
 
 
 def make_result(i: int, n: int = 2, h: int = H, w: int = W, noise: bool = False) -> FrameResult:

@@ -21,7 +21,7 @@ from stages.sapiens2.tiny import make_tiny
 from stages.tasks import TASKS
 from tests.refutil import reference_model
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 SIZE = (128, 96)
 
 

@@ -17,7 +17,7 @@ from sapiens2_client.subscriber import FrameMessage, KeypointsMessage, ReceiveTi
 from stages.sapiens2.tiny import make_tiny
 
 pytestmark = pytest.mark.timeout(180)
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 _SCRIPT = Path(sys.executable).parent / "sapiens2-stream"
 CLI = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "pipeline.cli.main"]
 

@@ -34,7 +34,7 @@ from stages.sapiens2.preprocess import upload
 from stages.sapiens2.tiny import make_tiny
 from stages.types import Detections, Frame, FrameResult
 from tests.fakecuda import FakeGpu, FakeStream
-from tests.test_gpu_path import Collect, Frames
+from tests.pipeline.run.test_gpu_path import Collect, Frames
 
 CUDA = torch.device("cuda", 0)
 pytestmark = pytest.mark.timeout(300)

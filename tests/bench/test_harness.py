@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from _pytest.logging import LogCaptureHandler, catching_logs
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 SKIPS = '''
 import pytest

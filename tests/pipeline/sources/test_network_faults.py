@@ -29,7 +29,7 @@ from stages.types import Detections, Frame, FrameResult, Keypoints, StreamInfo
 from tests.cliutil import CLI, OFFLINE, run_cli_cases
 
 pytestmark = pytest.mark.timeout(180)
-VECTORS = json.loads((Path(__file__).resolve().parents[1] / "clients" / "vectors" / "vectors.json").read_text())
+VECTORS = json.loads((Path(__file__).resolve().parents[3] / "clients" / "vectors" / "vectors.json").read_text())
 BAD = {c["name"]: [base64.b64decode(f) for f in c["frames"]] for c in VECTORS["cases"] if "error" in c}
 GOOD_STATUS = wire.encode("status", "cam0", {"fps": 1.0, "health": "ok", "frames": 1, "last_frame_index": 0,
                                              "drops": {}}, publish_ns=1)
@@ -102,7 +102,7 @@ def _peak_rss_of_subscriber(frames: list[bytes], limit_mb: float = 64.0) -> tupl
     ctx, sock, endpoint = _rogue()
     code = f"""
 import json, resource, sys
-sys.path.insert(0, {str(Path(__file__).resolve().parents[1] / "clients" / "python")!r})
+sys.path.insert(0, {str(Path(__file__).resolve().parents[3] / "clients" / "python")!r})
 from sapiens2_client.subscriber import Subscriber, ReceiveTimeout
 sub = Subscriber({endpoint!r}, [""], max_message_bytes=int({limit_mb} * 2**20))
 got = 0

@@ -48,7 +48,7 @@ from tests.viewerutil import (
     wait_page,
 )
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 pytestmark = [pytest.mark.timeout(420)]
 needs_browser = pytest.mark.skipif(not (CHROMIUM and DRIVER),
                                    reason="needs Debian's chromium and chromium-driver (.ci/run installs them)")

@@ -16,7 +16,7 @@ import pytest
 
 from tests.cliutil import CLI, OFFLINE
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(600)
 
 

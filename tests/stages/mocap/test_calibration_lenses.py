@@ -16,7 +16,7 @@ from pipeline.mocap.synthetic.board import Renderer, board_poses, fisheye_board_
 from stages.mocap.camera import CalibrationError, read_rig
 from stages.mocap.charuco import Board, calibrate_rig, detect
 from tests.cliutil import CLI, REPO, assert_one_clear_error
-from tests.test_calibration import _run_in_process
+from tests.stages.mocap.test_calibration import _run_in_process
 
 FISH_BOARD = Board(5, 7, 0.05, 0.04)  # 24 inner corners; larger markers: a fisheye image is small
 LEGACY_BOARD = Board(6, 8, 0.08, 0.06, legacy=True)  # an even number of rows: the legacy pattern differs

@@ -78,7 +78,7 @@ def test_three_cameras_through_the_pipeline_publish_world_messages_and_write_wor
         tiny: Path, cli_env: dict[str, str], rig_dir: Path, tmp_path: Path) -> None:
     endpoint = f"tcp://127.0.0.1:{_free_port()}"
     # Random weights give arbitrary keypoints: generous thresholds let them triangulate, so the files
-    # and messages carry points (their accuracy is tests/test_mocap.py's and the triangulate test's).
+    # and messages carry points (their accuracy is tests/stages/mocap/test_mocap.py's and the triangulate test's).
     args = [*OFFLINE, "--tasks", "pose", *(a for n in CAMERAS for a in ("--source", f"{n}={rig_dir / n}.mp4")),
             "--calibration", rig_dir / "calib_640x480.toml", "--rescale-calibration", "--triangulate",
             "--save-world", "out/world.jsonl",

@@ -36,7 +36,7 @@ from tests.cliutil import CLI, OFFLINE, assert_one_clear_error, make_video, read
 from tests.clusterutil import free_port
 
 NO_RETRY = redis.retry.Retry(redis.backoff.NoBackoff(), 0)  # a test's own client must not wait out an outage
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 _SUMMARY = re.compile(r"^bridge: stored (\d+), bad (\d+)(?: \((.*)\))?, dropped (\d+), disconnects (\d+)$")
 
 

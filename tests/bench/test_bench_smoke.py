@@ -26,7 +26,7 @@ from bench import device_bench
 from bench.devicewatch import Phase, Supervisor
 from tests.cliutil import make_video
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 ENV = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", YOLO_OFFLINE="1", PYTHONUNBUFFERED="1",
            RAY_worker_niceness="0", RAY_USAGE_STATS_ENABLED="0")  # (conftest.py's cli_env says why)
 CUDA_ONLY = {"syncs", "starts"}  # phases whose measurement needs CUDA: on the CPU they run their code path and say so
@@ -367,4 +367,4 @@ def test_sync_sites_name_the_line_of_our_code_that_synchronised() -> None:
 
     sites = device_bench.sync_sites(caller, ours=(__file__,))
     line = our_stage.__code__.co_firstlineno + 1
-    assert sites == {f"tests/test_bench_smoke.py:{line}": 2}
+    assert sites == {f"tests/bench/test_bench_smoke.py:{line}": 2}

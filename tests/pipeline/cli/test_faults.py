@@ -450,7 +450,7 @@ def test_garbage_inside_a_file_is_skipped_not_fatal(tiny: Path, cli_env: dict[st
 
 def test_progress_bar_knows_the_length_and_log_lines_stay_whole(tiny: Path, cli_env: dict[str, str],
                                                                tmp_path: Path) -> None:
-    """On a terminal (in a log, tests/test_first_run.py: no bar, no terminal codes)."""
+    """On a terminal (in a log, tests/pipeline/cli/test_first_run.py: no bar, no terminal codes)."""
     clip = make_video(tmp_path / "short.mp4", n=16)
     args = [a for a in TINY_POSE if a != "--no-progress"]
     ran = run_cli_on_terminal(["--source", clip, *args, "--record", tmp_path / "o.mp4"], cli_env, tmp_path)

@@ -18,7 +18,7 @@ from pipeline.mocap.synthetic.board import Renderer, board_poses, rig_cameras
 from stages.mocap.camera import read_rig
 from tests.cliutil import CLI, REPO, ctrl_c, killed_on_exit, wait_for
 from tests.livestream import LiveStream, cycling
-from tests.test_calibration import BOARD
+from tests.stages.mocap.test_calibration import BOARD
 
 pytestmark = pytest.mark.timeout(300)
 HOLD_S = 1.0  # each pose held this long: two still frames in each camera fit in it even on a loaded machine

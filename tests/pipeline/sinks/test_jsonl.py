@@ -75,8 +75,8 @@ def test_lines_are_flushed_so_a_killed_process_leaves_parsable_output(tmp_path: 
     path = tmp_path / "kp.jsonl"
     script = f"""
 import os, sys
-sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
-from tests.test_jsonl import make_result
+sys.path.insert(0, {str(Path(__file__).resolve().parents[3])!r})
+from tests.pipeline.sinks.test_jsonl import make_result
 from pipeline.sinks.jsonl import KeypointWriter
 writer = KeypointWriter({str(path)!r})
 for i in range(5):

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 class Warmed(Exception):

@@ -18,7 +18,7 @@ import pytest
 from pipeline.sinks.publisher import ZmqPublisher
 from stages.types import Detections, Frame, FrameResult, Keypoints, StreamInfo
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _cli(*args: str) -> subprocess.Popen:

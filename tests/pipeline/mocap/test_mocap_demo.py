@@ -18,7 +18,7 @@ from PIL import Image
 from stages.mocap.camera import read_rig
 from stages.mocap.charuco import Board, detect
 from tests.cliutil import CLI, REPO, assert_one_clear_error, run_cli
-from tests.test_mocap_cli import read_trc
+from tests.pipeline.mocap.test_mocap_cli import read_trc
 
 pytestmark = pytest.mark.timeout(600)
 README = REPO / "README.md"
