@@ -192,10 +192,10 @@ class Source:
             reader, first = self._pending
             self._pending = None
             target = self._supervise if self.reconnect else self._decode
-            self._thread = threading.Thread(
-                target=target, args=(reader, first), name=f"source-{self.source_id}", daemon=True
-            )
-            self._thread.start()
+            thread = threading.Thread(target=target, args=(reader, first), name=f"source-{self.source_id}",
+                                      daemon=True)
+            thread.start()  # (kept only once started: a Ctrl-C or SIGTERM inside start() leaves none to join)
+            self._thread = thread
         return self
 
     def stop(self) -> None:

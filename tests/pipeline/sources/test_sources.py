@@ -342,3 +342,24 @@ def test_open_that_hangs_times_out_with_a_clear_error() -> None:
         source.open()
     assert time.monotonic() - start < 10.0  # the 0.3 s timeout ended it, not the default 15 s (generous: load)
     source.stop()
+
+
+def test_a_signal_while_the_decode_thread_starts_leaves_a_source_that_stops(monkeypatch) -> None:
+    """Ctrl-C or SIGTERM (a KeyboardInterrupt) raised inside Thread.start: stop() afterwards ends the source
+    instead of raising "cannot join thread before it is started" (calibrate on live cameras did)."""
+    import threading
+
+    from pipeline.sources import open_source
+
+    source = open_source("demo")
+    source.open()
+
+    def interrupted(thread) -> None:
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(threading.Thread, "start", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            source.start()
+    source.stop()
+    assert source.health == "ended"
