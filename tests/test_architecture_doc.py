@@ -99,3 +99,12 @@ def test_a_stale_name_is_reported(tmp_path: Path) -> None:
     assert unresolved("pipeline.run.runner.Runner") is None
     assert unresolved("pipeline.run.runner.NoSuchThing") == "pipeline.run.runner has no attribute 'NoSuchThing'"
     assert unresolved("pipeline.no_such_module") == "pipeline has no attribute 'no_such_module'"
+
+
+def test_every_package_folder_is_placed() -> None:
+    """The folder table keeps up with the layout: each package folder of pipeline/ and stages/ is named
+    (a new wing of the code gets its line, with what it holds)."""
+    text = DOC.read_text()
+    folders = sorted(str(p.parent.relative_to(ROOT)) + "/" for top in ("pipeline", "stages")
+                     for p in (ROOT / top).rglob("__init__.py") if p.parent != ROOT / "pipeline")
+    assert not [f for f in folders if f"`{f}`" not in text], "docs/ARCHITECTURE.md does not place these folders"
