@@ -8,11 +8,7 @@ Sapiens2 metadata tables, never from code.
 
 ``compose_annotators(["matte", "seg", "boxes", "pose", "hud"])`` builds an ``Annotator`` chain
 that draws the layers bottom-up (background replacement first, text last) on a copy of the frame.
-
-Measured on this CPU box (cv2 with 2 threads), 1920x1080 with 2 persons x 308 keypoints and a
-seg map, median of 20: skeleton 2.3 ms (1.2 ms without anti-aliasing), boxes 0.2 ms, seg overlay
-5.2 ms, hud 0.5 ms; seg+boxes+pose+hud chain incl. the frame copy 8.0 ms. Matte: composite
-10.5 ms, replace 3.6 ms.
+Costs per annotator: docs/PERFORMANCE.md.
 """
 
 from __future__ import annotations

@@ -1,28 +1,14 @@
 """Whole-body 3D keypoints from one camera: the 2D keypoints lifted into Sapiens2's pointmap.
 
-The pointmap stage predicts, for every pixel, a 3D point (X, Y, Z) in the camera's frame; after
-the reference post-processing (padding removed, divided by the predicted scale, resized to the
-frame) it is a (H, W, 3) map at frame size. ``lift`` samples it at each 2D keypoint, on the device
-and batched over persons and keypoints (no host sync):
-
-* ``window=1``: bilinear interpolation at the keypoint's sub-pixel position (pixel centres at
-  integer coordinates, as the keypoints are), exactly the map's value at whole pixels; a
-  non-finite pixel among the (up to) four it reads makes the point invalid; with a segmentation
-  or matte only the pixels on the person are mixed (the wall behind an outline never is);
-* ``window=k`` (odd): the per-axis median of the valid pixels of the k x k neighbourhood around the
-  nearest pixel: steadier where the map is noisy or the keypoint sits on an edge.
-
-A keypoint's 3D point is valid when its score reaches the threshold, the sample is finite, and it
-lies on the person (segmentation class not background, or matte alpha >= 0.5, when one of them
-runs). Invalid points are zeros with valid=False: nothing non-finite ever leaves. Each person's root
-is the mean of its valid hip points (Sapiens2 has no pelvis keypoint); ``relative`` gives
-root-relative coordinates.
-
-Units and axes are the model's: the reference (transformers' ``Sapiens2ForPointmapEstimation``)
-documents the map as XYZ in canonical camera space, converted to metric coordinates by the
-division by its scale output (canonical focal length / actual focal length); a checkpoint without
-the scale branch gives canonical, not metric, values. The reference does not name the axis
-directions; docs/WIRE.md says what we know and what to check with real weights.
+``lift`` samples the (H, W, 3) pointmap (post-processed as the reference does, at frame size) at each
+2D keypoint, on the device and batched over persons and keypoints (no host sync): ``window=1``
+bilinear at the sub-pixel position (pixel centres at integer coordinates), ``window=k`` (odd) the
+per-axis median of the valid pixels of the k x k neighbourhood; with a segmentation or matte only the
+person's pixels are mixed. A point is valid when its score reaches the threshold, the sample is finite
+and it lies on the person (``on_person``); invalid points are zeros with valid=False (nothing
+non-finite leaves). The root is the mean of the valid hips; ``relative`` gives root-relative
+coordinates. Units and axes are the model's (metric only with its scale output): docs/WIRE.md,
+"3D keypoints".
 """
 
 from __future__ import annotations

@@ -2,17 +2,12 @@
 
     sapiens2-stream --source webcam                      # run (default command)
     sapiens2-stream --config configs/full.yaml --record out.mp4
-    sapiens2-stream weights make-tiny DIR --task pose
     sapiens2-stream subscribe --endpoint tcp://127.0.0.1:5555 --topic keypoints
 
 Every module named in COMMAND_MODULES registers its subcommands with ``add_parser(subparsers)``
-(each handler set as ``func(args) -> int`` with ``set_defaults``) and may define
-``expand_shorthand(argv) -> argv`` for a short form of its command line (``fleet FLEET.yaml``).
-New commands: write ``pipeline/<area>/commands.py`` with ``add_parser`` and add its dotted name
-to COMMAND_MODULES; nothing else here changes. Parsing goes one way: command modules take shared
-helpers from pipeline.cli.args and never import this module (tests/test_import_graph.py).
-
-User-facing failures print one ``error: ...`` line and exit non-zero.
+(handlers ``func(args) -> int``) and may define ``expand_shorthand(argv) -> argv`` for a short form of
+its command line; command modules never import this one (how to add one: docs/ARCHITECTURE.md, "Where
+to add"). User-facing failures print one ``error: ...`` line and exit non-zero.
 """
 
 from __future__ import annotations

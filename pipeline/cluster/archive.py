@@ -1,20 +1,13 @@
 """``sapiens2-stream batch INPUTS --out DIR``: a video archive through the pipeline on Ray Data.
 
-Ray carries one small row per video (its id and path in, its outcome out); decoding, the models and
-the writing all happen inside a pool of actors, each of which loads the models once and then runs
-the plain pipeline (``assemble`` + ``Runner``) on one video after another. Every video gets a
-folder ``DIR/<video_id>/``:
-
-    keypoints.jsonl   one line per frame            annotated.mp4   the annotated video
-    DONE.json         written last: frames, seconds, run id (its presence means "complete")
-    FAILED.json       instead of DONE.json when the input could not be processed, with the reason
-
-Outputs are written under hidden temporary names and renamed into place once whole, then the
-marker; files starting with a dot are temporaries, and the next run that takes the video removes
-them. A rerun of the same command skips the videos that have a DONE.json made from the same file
-and settings (its fingerprint; before any actor starts) and does the others, so an interrupted or
-crashed run resumes where it stopped. A summary of every input is printed and written to
-``DIR/summary.jsonl``.
+Ray carries one small row per video (id and path in, outcome out); a pool of actors, each loading the
+models once, runs the plain pipeline (``assemble`` + ``Runner``) on one video after another and writes
+``DIR/<video_id>/``: ``keypoints.jsonl``, ``annotated.mp4``, then ``DONE.json`` last (its presence means
+"complete"; ``FAILED.json`` with the reason instead when the video could not be processed). Outputs are
+renamed into place once whole; files starting with a dot are temporaries, removed by the next run that
+takes the video. A rerun of the same command skips the videos whose DONE.json has the same fingerprint
+(file and settings) and does the others, so an interrupted run resumes. Every input's outcome is printed
+and written to ``DIR/summary.jsonl``. The user's guide: docs/DEPLOYMENT.md, "Archives".
 """
 
 from __future__ import annotations

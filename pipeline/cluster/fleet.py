@@ -1,21 +1,15 @@
 """Live camera fleets on Ray Core: the actors behind ``sapiens2-stream fleet`` (commands: fleet_cli.py).
 
-Two kinds of actor, both named (namespace ``sapiens2-stream``) and restarted by Ray without limit:
+Two actors, both named (namespace ``sapiens2-stream``) and restarted by Ray without limit:
 
-- ``GpuWorker`` (``num_gpus=1``, one per GPU): the batched multi-source pipeline of one process
-  (pipeline.run.app: models loaded once, a Runner that sources join and leave), its publisher connected
-  to the broker's XSUB side. Frames go camera -> worker -> broker; they never touch Ray's object store.
-- ``FleetController`` (detached, on the head node): owns the camera-to-worker placement and mirrors
-  it to Redis (best effort, mirror.py); a thread of its own watches the workers (a report every half
-  second, and Ray's node table). When a worker or its node is lost, its cameras go at once to the
-  survivors with spare capacity (Ray's own restart of the worker waits for a free GPU); the outage of
-  each camera, from the loss to its first frame on the new worker, is kept in the status and published
-  as a status message through the broker. A restarted controller reads the placement back from Redis
-  and finds its workers by name.
-
-Ray's GPU rules are kept: plain ``num_gpus=1`` actors, no placement groups; each node's
-``CUDA_VISIBLE_DEVICES`` is fixed when the node starts (``ray start --num-gpus``), and Ray gives each
-actor its GPU. See docs/DEPLOYMENT.md.
+- ``GpuWorker`` (fleet_worker.py; ``num_gpus=1``, one per GPU): the batched multi-source pipeline of
+  one process, its publisher connected to the broker's XSUB side; frames never touch Ray's object store.
+- ``FleetController`` (detached, on the head node): owns the camera-to-worker placement, mirrors it to
+  Redis (best effort, mirror.py) and watches the workers from a thread of its own (a report every half
+  second, and Ray's node table). A lost worker's cameras go at once to the survivors with spare
+  capacity; each camera's outage (from the loss to its first frame on the new worker) is kept in the
+  status and published as a status message. A restarted controller reads the placement back from
+  Redis and finds its workers by name. See docs/DEPLOYMENT.md, "Live fleets".
 """
 
 from __future__ import annotations

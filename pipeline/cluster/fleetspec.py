@@ -1,19 +1,15 @@
 """The fleet file (``sapiens2-stream fleet up FLEET.yaml``): cameras, the broker, per-GPU capacity.
 
-    name: lobby-fleet            # names the controller, the GPU actors and the Redis keys (default sapiens2)
-    broker: tcp://10.0.0.5:5556  # the broker's XSUB side: every GPU actor's publisher connects here
-    redis: redis://10.0.0.5:6379/0   # the placement is mirrored here, so a restarted controller rebuilds it
-    capacity: 4                  # cameras per GPU actor
-    gpus: 2                      # GPU actors (default: every GPU of the Ray cluster)
-    pipeline:                    # run settings of every GPU actor (the keys of a run's YAML config)
-      tasks: [pose]
-      model_size: 0.4b
-    curve_dir: keys/             # CURVE client keys for the broker (optional; the same path on every node)
+    name: lobby-fleet                # names the controller, the GPU actors and the Redis keys (default sapiens2)
+    broker: tcp://10.0.0.5:5556      # the broker's XSUB side
+    redis: redis://10.0.0.5:6380/0   # the placement mirror
+    capacity: 4                      # cameras per GPU actor
+    pipeline: {tasks: [pose]}        # a run's YAML keys, for every GPU actor
     cameras:
       - {id: lobby, uri: "rtsp://cam-1/stream"}
-      - {id: door, uri: "loop:/data/door.mp4", realtime: true}
 
-Everything here is checked before Ray starts (``FleetError``, one line). Pure Python: no Ray.
+Every key (``gpus``, ``curve_dir``, ...): docs/DEPLOYMENT.md, "The fleet file". Everything here is
+checked before Ray starts (``FleetError``, one line). Pure Python: no Ray.
 """
 
 from __future__ import annotations

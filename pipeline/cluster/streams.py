@@ -1,20 +1,14 @@
-"""Durable keypoints in Redis Streams: the ``bridge`` command and a consumer-group reader.
+"""Durable keypoints in Redis Streams: the ``bridge`` command (the reader: replay.py).
 
 The bridge subscribes at a broker's XPUB side (or at one pipeline), checks every message with the
-client's decoder (``sapiens2_client.messages.decode_message``) and appends it to the Redis Stream
-``{prefix}:{kind}:{source_id}`` with ``XADD ... MAXLEN ~ N``. An entry holds the message's raw
-multipart frames in field ``wire`` (a msgpack array of byte strings, so ``sapiens2_client.wire``
-decodes it as if it came off the socket) and a few plain fields (``kind``, ``source``,
-``frame_index``, ``capture_ns``, ``persons``; ``health`` for status) for redis-cli and scripts.
-
-It survives its inputs: the socket refuses frames over ``max_message_bytes`` while they arrive
-(ZMQ_MAXMSGSIZE; the dropped connection is made again as the client's Subscriber does it:
-``sapiens2_client.connection``), and a
-message the decoder refuses is counted by reason and skipped. When Redis goes away the bridge keeps
-its subscription, counts what it receives meanwhile as dropped and tries again with a growing pause.
-
+client's decoder and appends it to the stream ``{prefix}:{kind}:{source_id}`` (``XADD ... MAXLEN ~ N``):
+field ``wire`` holds the raw multipart frames (a msgpack array of byte strings that ``sapiens2_client.wire``
+decodes as if off the socket), beside a few plain fields for redis-cli. Messages over
+``max_message_bytes`` are refused while they arrive (the connection is made again); messages the
+decoder refuses are counted by reason and skipped. While Redis is away the bridge keeps its
+subscription, counts what arrives as dropped and retries with a growing pause.
 :class:`pipeline.cluster.replay.StreamConsumer` reads the streams back through a consumer group, at
-least once. docs/REDIS_STREAMS.md is the user's guide.
+least once. Keys, fields and delivery: docs/REDIS_STREAMS.md.
 """
 
 from __future__ import annotations

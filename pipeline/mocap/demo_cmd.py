@@ -1,19 +1,12 @@
 """``sapiens2-stream demo-rig DIR``: a motion-capture take of four virtual cameras, made at run time,
 to try ``calibrate`` -> ``triangulate`` -> TRC without cameras (pipeline.mocap.synthetic.demo).
 
-It writes into DIR:
-
-- ``board/cam1.mp4`` ... ``cam4.mp4``: each camera's views of a ChArUco board (5x7 squares of
-  15 cm, markers 11 cm, DICT_4X4_50), one frame per pose, rendered through the camera's lens: the
-  board first lies on the floor (the world's origin), then is held up round the volume;
-- ``keypoints/cam1.jsonl`` ...: what each camera's pose stage reports of two people walking for
-  3 s, as ``--save-keypoints`` writes it (the 308 keypoints projected through the lens, 1 px of
-  noise, 5% missed; the keypoints are made, not detected: no model runs);
-- ``truth.toml`` (the cameras as they are) and ``truth.jsonl`` (the people as they are, in the
-  world JSONL format of ``--save-world``) to compare the results with;
-
-and prints the commands that calibrate the rig from the board videos and triangulate the keypoint
-files. Every failure is one ``error: ...`` line.
+It writes into DIR ``board/cam1.mp4`` ... ``cam4.mp4`` (each camera's views of a ChArUco board of 5x7
+squares of 15 cm, markers 11 cm, DICT_4X4_50, first lying on the floor: the world's origin),
+``keypoints/cam1.jsonl`` ... (two people walking for 3 s as ``--save-keypoints`` writes them: the 308
+keypoints projected through the lens, 1 px of noise, 5% missed; no model runs), ``truth.toml`` and
+``truth.jsonl`` (the cameras and the people as they are, the people in the ``--save-world`` format),
+and prints the commands that calibrate and triangulate them. Every failure is one ``error: ...`` line.
 """
 
 from __future__ import annotations

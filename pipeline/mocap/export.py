@@ -1,22 +1,12 @@
 """A finished run's world skeletons as TRC (OpenSim, Pose2Sim), CSV and NumPy, from its world JSONL.
 
-Every export reads the world JSON Lines file (``--save-world``, or the one a run with
-``--export-trc`` spools on its own), so a run that was killed can still be exported from what it
-wrote. Two passes over the file keep the memory flat for TRC and CSV: the first counts the steps
-and the persons, the second writes the rows.
-
-TRC (one file per world person, as Pose2Sim writes them): tab-separated, the five header lines
-(``PathFileType``, the rate line, ``Frame#``/``Time`` and the marker names, ``X1 Y1 Z1 ...``),
-an empty line, then one row per step of the run: ``Frame#`` from 1, ``Time`` in seconds from the
-first step, then X, Y, Z of each of the 308 keypoints in metres; a point that is not valid (or a
-step without that person) leaves its three fields empty, which OpenSim reads as missing. With
-``up="y"`` (OpenSim's convention) the world's Z-up coordinates are turned to Y-up: (X, Y, Z) ->
-(Y, Z, X), as Pose2Sim does; ``up="z"`` writes them as calibrated.
-
-CSV: one row per step and person: ``step,time_s,person``, then ``<name>_x,<name>_y,<name>_z`` for
-every keypoint (empty where not valid). NumPy (.npz): ``xyz`` (T, P, K, 3) float32 with NaN
-where not valid (NumPy's own marker; JSON never holds one), ``valid`` (T, P, K), ``error_px``,
-``views``, ``ids`` (P,), ``time_s`` (T,), ``step`` (T,), ``names`` (K,).
+Every export reads the world JSON Lines file (``--save-world``, or the one a run with ``--export-trc``
+spools on its own), so a killed run can still be exported from what it wrote; TRC and CSV take two
+passes over it (steps and persons, then rows), so memory stays flat. The formats, field by field, are
+in docs/MOCAP.md: TRC (one file per world person, metres, an invalid point's fields empty; ``up="y"``
+turns the world's Z-up into OpenSim's Y-up as Pose2Sim does, ``up="z"`` keeps it as calibrated), CSV
+(one row per step and person) and NumPy (``xyz`` (T, P, K, 3) float32, NaN where not valid, with
+``valid``, ``error_px``, ``views``, ``ids``, ``time_s``, ``step`` and ``names``).
 """
 
 from __future__ import annotations

@@ -1,24 +1,13 @@
 """The world step of a run and its JSON Lines record.
 
 ``WorldStep`` turns the results of one engine step (one frame of each camera) into a WorldFrame
-through ``stages.mocap.fuse.WorldFuser``: each frame's clock is its capture time for a live source
-and its media time for a file, counted from that file's first frame (files that start at other
-timestamps still line up frame by frame). The runner's sink thread calls it after the step's
-frames, so the device loop never waits for it, and hands the result to every sink that has
-``write_world``.
+through ``stages.mocap.fuse.WorldFuser``. Each frame's clock is its capture time for a live source and
+its media time for a file, counted from that file's first frame (files that start at other timestamps
+still line up frame by frame). The runner's sink thread calls it, off the device loop.
 
-``WorldWriter`` (``--save-world``) writes one JSON line per step::
-
-    {"step": 12, "capture_ns": 1712345678901234567, "time_s": 0.4, "units": "m",
-     "cameras": {"cam1": 12, "cam2": 12, "cam3": 12}, "late": [], "random_weights": false,
-     "persons": [{"id": 0, "keypoints": [[x, y, z] or null, ...], "error_px": [e or null, ...],
-                  "views": [3, 2, 0, ...], "members": {"cam1": 0, "cam2": 1, "cam3": 0}}],
-     "single_view": [{"camera": "cam3", "person": 1}]}
-
-``cameras`` holds the frame index of each camera's frame in the step; ``members`` the index of
-the person in that camera's keypoint record of that frame. Points that are not valid are null
-(nothing non-finite is ever written); lines are written whole or not at all (the client's
-LineWriter), so a killed run leaves a file that parses to its last step.
+``world_record`` is one step's line of the world JSONL (``--save-world``, pipeline.sinks.world) and
+``read_world`` reads such a file back; the format, field by field: docs/MOCAP.md, "World JSONL"
+(points that are not valid are null; nothing non-finite is written).
 """
 
 from __future__ import annotations

@@ -1,35 +1,16 @@
 """Device work of one step: upload once, overlapped stages on CUDA streams, results via pinned buffers.
 
-A step is one frame of each of one or more sources (``submit_batch``): every dense stage runs one
-forward over all frames, the detector one batch, pose one forward over all persons of all frames.
-``submit_batch`` queues the work and returns a ``Pending``; ``finish_batch`` waits on that step's
-own events (never a device-wide synchronize) and returns one FrameResult per frame. The runner
-submits step t before finishing step t-1, so the detector of t overlaps the Sapiens2 work of t-1.
-On the CPU the same code runs in order: the stream contexts are no-ops and the "events" are
-wall-clock stamps.
+A step is one frame of each of one or more sources. ``submit_batch`` queues its work (the dense stages:
+one forward over all frames; the detector: one batch; pose, then 3D keypoints: one forward over all
+persons) and returns a ``Pending``; ``finish_batch`` waits on that step's own events (never a
+device-wide synchronize) and returns one FrameResult per frame, so step t may be submitted before step
+t-1 is finished. On the CPU the same code runs in order (its CUDA streams: pipeline.run.streams).
 
-Streams: upload, then segmentation, matting and normals/pointmap at once; the detector (a host
-loop, on the uploaded frames: letterboxed on the device) in parallel; pose waits only for its own
-step's boxes.
-
-Per source the engine keeps: the session (a reopened source resets its tracks, carried boxes and
-smoothing), the ByteTrack tracker, and for ``detect_every > 1`` the boxes carried to the frames the
-detector skips. Carried boxes are computed on the device from the pose output of the frame before
-(``carry_boxes``) in the same person order as the scores and track ids they keep, so with
-pipelining (step t submitted before step t-1 finished) they are already there and never mixed up.
-
-3D keypoints (``keypoints3d``): after pose, each person's keypoints are sampled from the frame's
-pointmap on the pose stream (which waits for the pointmap, segmentation and matting streams of
-the same step: segmentation or matte decide what is on the person), batched over persons and
-keypoints (stages.keypoints3d). With ``pointmap_every > 1`` a source's pointmap forward runs on
-every N-th frame and the frames between sample the map kept from the last one.
-
-Non-finite outputs: every stage's raw model outputs (pose heatmaps, dense maps, pointmap scale) and
-its decoded ones (keypoints and scores before they are clamped to the image, mattes, normals) are
-checked on the device; the flag travels with the results. In float16, a stage whose output is not
-finite falls back to bfloat16 (said once) and the step's stage is computed again; in other dtypes,
-or when bfloat16 does not help, the run stops with NonFiniteOutputError. Nothing non-finite is
-passed on.
+Per source the engine keeps a session (a reopened source resets its tracks, carried boxes and
+smoothing), a tracker, the boxes carried to the frames that ``detect_every > 1`` skips, and the last
+pointmap for the frames that ``pointmap_every > 1`` skips. Every output is checked for finite values on
+the device and nothing non-finite is passed on (a float16 stage falls back to bfloat16, said once;
+otherwise NonFiniteOutputError stops the run: pipeline.run.fallback).
 """
 
 from __future__ import annotations

@@ -1,18 +1,16 @@
 """The main loop: sources -> engine (device work, one step in flight) -> sink thread (annotate, write).
 
 A step takes at most one frame of each source (the newest of a live source, the next of a file),
-collected until every source has given one or ``batch_timeout_s`` passed since the first one
-arrived (so a slow or reconnecting source never holds the others back: its slot is just empty),
-and runs it through the engine as one batch. No source starves: each gets a slot in every step.
+collected until every source has given one or ``batch_timeout_s`` passed since the first arrived, so a
+slow or reconnecting source never holds the others back (its slot is just empty) and none starves.
 
-Threads: each source's decode thread, this loop, and one sink thread; they talk through bounded
-queues and share a stop event. A source that ends is retired; one that fails for good is reported
-in one line and the others go on (``stats.failed``). Any other failure stops everything with one
-error; sinks are always closed, so recordings and keypoint files are finalised, and a sink that
-fails to finalise (a full disk during the flush) makes that the run's error. Source events
-(stalled, reconnecting, resumed) travel to the sinks through the same queue as the frames, so
-they land between the right frames. Sources can be added and removed while running
-(``add_source`` / ``remove_source``, thread-safe: the loop applies them between steps).
+Threads: each source's decode thread, this loop and one sink thread, joined by bounded queues and a
+stop event. A source that ends is retired; one that fails for good is reported in one line and the
+others go on (``stats.failed``); any other failure stops everything with one error. Sinks are always
+closed, so recordings and keypoint files are finalised; a sink that fails to finalise makes that the
+run's error. Source events reach the sinks through the frames' queue, between the right frames.
+Sources can be added and removed while running (``add_source`` / ``remove_source``: thread-safe,
+applied between steps).
 """
 
 from __future__ import annotations

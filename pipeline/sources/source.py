@@ -4,17 +4,14 @@
 
 * ordered (files, images, ``demo``): every frame, in order, through a bounded queue; the decode
   thread blocks on a full queue (checking the stop event), so nothing is dropped.
-* live (cameras, network streams, and files/demo with ``realtime=True``): a 1-slot mailbox;
-  the decode thread never blocks, the newest frame replaces an unread one, and each
-  replacement counts as a drop.
+* live (cameras, network streams, and files/demo with ``realtime=True``): a 1-slot mailbox; the
+  decode thread never blocks, the newest frame replaces an unread one, and each replacement is a drop.
 
-Cameras and network streams also get a watchdog: when no frame arrives for
-``stall_timeout_s`` (or the stream errors or ends), the reader is abandoned and reopened with
-exponential backoff while ``read`` keeps returning None; ``health`` and ``reopens`` report it, and
-each change is queued as an event (``stalled``, ``reconnecting``, ``resumed``, with wall-clock
-times; ``poll_events``) for the sinks. A reopened stream starts a new session (``Frame.session``)
-and its timestamps continue after the old ones (the outage included) in the time base of the first
-session: pts never go backwards across a reconnect.
+Cameras and network streams also get a watchdog: after ``stall_timeout_s`` without a frame (or an
+error or end) the reader is reopened with exponential backoff while ``read`` returns None; each change
+is queued as an event with its wall-clock time (``stalled``, ``reconnecting``, ``resumed``;
+``poll_events``). A reopened stream starts a new session (``Frame.session``); its pts continue after the
+old ones, the outage included, in the first session's time base: pts never go backwards across a reconnect.
 """
 
 from __future__ import annotations

@@ -8,24 +8,13 @@
     /ws               a WebSocket of wire messages, each packed as the JavaScript client's
                       ``unpackFrames`` reads it (uint32 LE frame count, then length + bytes per frame)
 
-The server forwards the messages as they came (it checks their header, it never decodes or
-re-encodes an image); the page decodes them with the JavaScript client's browser build. Each
-browser gets only the newest message of each topic: a slow browser never makes the server queue
-frames for it (what it skipped is counted). A browser gets the pictures (``frame``, ``seg``,
-``matte``) of the one source it shows (it says which over the WebSocket: ``{"source": "cam0"}``;
-all sources until it does), and the keypoints and status of every source (its picker and figures)
-and the world steps of every rig (its 3D view: small, triangulated from several cameras).
-Upstream topics other than ``status`` are subscribed only while some browser is connected (and
-``keypoints`` while a watcher such as ``view --metrics`` reads them), so an unwatched pipeline
-encodes no frames for the viewer.
-
-Frames are JPEG (PNG for seg and matte): the WebSocket does not compress them again. At shutdown
-every send is stopped and every WebSocket closed before the event loop ends.
-
-Security: loopback by default; another address is warned about, and with a token
-(``--view-token``) the page, its WebSocket and its figures need it (``?token=`` or the
-``X-View-Token`` header); the static script and tables are public. Requests a page of another
-site makes a browser send are refused (``net.http``: Origin and, on loopback, Host).
+Messages are forwarded as they came (header checked, never decoded or re-encoded). Each browser gets
+only the newest message of each topic (what it skipped is counted): the pictures of the one source it
+picks (``{"source": "cam0"}`` on the WebSocket; all until then), the keypoints and status of every
+source and the world steps of every rig. Topics other than ``status`` are subscribed only while watched.
+Loopback by default; with ``--view-token`` the page, its WebSocket and its figures need the token
+(``?token=`` or ``X-View-Token``; the static script and tables are public); requests a page of another
+site makes a browser send are refused (``net.http``).
 """
 
 from __future__ import annotations

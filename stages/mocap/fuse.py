@@ -1,23 +1,17 @@
 """One world step: the persons the cameras saw at one moment -> skeletons in world coordinates.
 
-``WorldFuser.step`` takes, for each camera of the rig, the frame the step has of it (its clock,
-detections and keypoints) and:
+``WorldFuser.step`` takes each camera's frame of the step (its clock, detections and keypoints) and:
 
-1. keeps the views taken within ``window_s`` of the step's median clock (a camera that lags is
-   left out of this step, not mixed in);
-2. undistorts every keypoint (a lookup table per camera, camera.UndistortGrid) and associates the
-   persons across views (stages.mocap.associate);
-3. triangulates each world person (stages.mocap.triangulate: per point, the views that agree); a
-   view that the other views outvoted on most of a person's points is not that person at all (a
-   wrong detection that happened to pass the epipolar test): it leaves the person, who is solved
-   again;
-4. keeps world ids over time: a world person takes the id of the last step's person that shares
-   the most camera tracks with it, else of the nearest one within ``max_speed_mps`` of travel;
-5. smooths each world person's points with the One-Euro filter when asked (invalid points never
-   come back as held values).
+1. keeps the views within ``window_s`` of the step's median clock (a lagging camera is left out);
+2. undistorts the keypoints (camera.UndistortGrid) and associates persons across views (stages.mocap.associate);
+3. triangulates each world person (stages.mocap.triangulate); a view outvoted on most of a person's
+   points leaves that person, who is solved again;
+4. keeps world ids: the last step's person that shares the most camera tracks, else the nearest one
+   within ``max_speed_mps`` of travel;
+5. smooths the points with the One-Euro filter when asked (invalid points never come back as held values).
 
-Persons seen by one camera only are reported (``single_view``), never triangulated. Everything is
-host numpy: the step costs milliseconds and runs off the device loop.
+Persons seen by one camera only are reported (``single_view``), never triangulated. Host numpy, off
+the device loop.
 """
 
 from __future__ import annotations

@@ -1,35 +1,21 @@
-"""Triangulation by consensus: many keypoints of many persons from calibrated views.
+"""Triangulation by consensus: many keypoints of many persons from calibrated views, all points at once
+(numpy, no loop over points). Each point (``triangulate``; other docstrings name these steps):
 
-Every point is solved the same way, all points at once (numpy, no loop over points):
-
-1. Weighted linear triangulation (``stages.mocap.dlt``) in normalised image coordinates (the
-   views' pixels undistorted with their calibration), each view weighted by its keypoint score (0
-   under ``min_score`` or where the camera does not see the person). Each view's part of the normal
-   equations is made once; any set of views is solved by adding their parts.
-2. A view agrees with a set's point when it reprojects within ``max_error_px`` of what it saw (in
-   its pixels, through its distortion), in front of it, both from the point of the whole set and
-   from the point of the set's other views (its left-out error, less what the others' own noise
-   and geometry explain: two cameras facing each other hardly see depth along their axis). A wrong
-   view pulls the point of all views toward itself and can hide under the threshold; it cannot
-   pull the point of the others.
-3. A point whose views all agree with the point of all of them is solved. Any other point takes the
-   views that agree most: each pair of its views that sees the point from directions at least
-   ``min_angle_deg`` apart proposes the pair's point; the views that agree with it are its
-   consensus; the largest consensus wins (ties: the lowest RMS error), solved with the scores as
-   weights; while one of its views disagrees, the view to blame is dropped (of four or more, the
-   one without which the rest agree best; of three, the one the other two place the most
-   unexpectedly far) and the rest solved again; views that agree with the result join it.
-4. A view that the others outvote on more than ``suspect_share`` of a person's points is suspect
-   for that person: its other points are solved again with it counting for no consensus, never one
-   of a pair, and agreeing only where the other views place the point on their own and it lands
-   within the threshold as it is (a point where it does so already is left as it is). Two views always agree with each other: a point that rests on a
-   suspect view and one other is invalid.
-5. A point is valid when at least ``min_views`` views remain, every one of them agreeing, and two
-   of them see it from directions at least ``min_angle_deg`` apart (two cameras facing each other,
-   or side by side far from the point, cannot say how far along their rays it is). An invalid
-   point is zeros with valid=False, error 0 and views 0: nothing made up, nothing non-finite.
-
-The detectors' pixel noise that step 2 allows for is measured on the step itself (``noise_of``).
+1. Weighted linear triangulation (``stages.mocap.dlt``) of the undistorted keypoints, each view weighted
+   by its score (0 under ``min_score`` or where the camera does not see the person).
+2. A view agrees with a set's point when it reprojects within ``max_error_px`` of what it saw (in its
+   pixels, through its distortion), in front of it, both from the point of the whole set and from the
+   point of the set's other views (less what their own noise and geometry explain; the detectors'
+   noise is measured on the step itself: ``noise_of``).
+3. A point whose views all agree is solved from all of them. Any other takes the largest consensus
+   that a pair of its views at least ``min_angle_deg`` apart proposes (ties: the lowest RMS error),
+   drops the view to blame while one disagrees, and lets the views that agree with the result join.
+4. A view outvoted on more than ``suspect_share`` of a person's points is suspect for that person: its
+   other points are solved again with it never in a consensus, agreeing only where the other views
+   place the point on their own; a point that rests on a suspect view and one other is invalid.
+5. A point is valid when at least ``min_views`` views remain, all agreeing, two of them at least
+   ``min_angle_deg`` apart. An invalid point is zeros with valid=False, error 0 and views 0: nothing
+   made up, nothing non-finite.
 """
 
 from __future__ import annotations

@@ -4,19 +4,13 @@
     pose = PoseEstimator(model, fastpath=fp)
     seconds = pose.warmup(max_batch=8)       # checks each fast path, captures every batch bucket
 
-- ``attention``: which scaled-dot-product-attention kernels the forward may use ("auto" lets PyTorch
-  choose). A backend that cannot run this model here (CPU, unsupported head size, dtype or GQA) falls
-  back to "auto" with one warning instead of failing mid-stream.
-- ``channels_last``: the decode head's convolutions in NHWC; ``None`` (auto) is off.
-- ``compile``: ``torch.compile`` of the forward with static shapes and ``fullgraph``, compiled in the
-  background while the stage runs eager, each shape switched over when ready (stages.sapiens2.compiled).
-- ``cuda_graphs``: "auto" (on for CUDA), "on" or "off": each input shape's forward, eager or
-  compiled, captured once as a CUDA graph on its stage's stream and replayed (stages.sapiens2.graphs).
-
-Every fast path is checked against the eager forward on the user's device before it is used and
-switched off for the run if it disagrees (stages.sapiens2.forward). Person batches are padded to
-``BATCH_BUCKETS`` (``bucket``) so that each of these sees a few shapes. The names each option takes
-are in stages.sapiens2.fastpath_options (torch-free).
+``attention``: the scaled-dot-product-attention kernels allowed ("auto": PyTorch chooses; one this
+model cannot use here falls back to "auto" with one warning). ``channels_last``: the decode head in
+NHWC. ``compile``: ``torch.compile`` with static shapes and ``fullgraph``, compiled in the background
+while the stage runs eager (stages.sapiens2.compiled). ``cuda_graphs``: one graph per input shape
+(stages.sapiens2.graphs). Every fast path is checked against eager on the user's device and switched
+off for the run if it disagrees. Person batches are padded to ``BATCH_BUCKETS`` (``bucket``). The
+option names are in stages.sapiens2.fastpath_options (torch-free).
 """
 
 from __future__ import annotations

@@ -1,18 +1,14 @@
 """CUDA graphs of a stage's forward (eager or compiled), each captured on the stage's own stream in
 the stage's own memory pool, and checked against the forward it replays.
 
-- One graph per forward kind ("eager", "compiled"), input (shape, dtype) and stream, captured on
-  the stream current at capture (in the engine, the stage's lane: cuBLAS keeps a workspace per
-  stream, and a graph replays where it was captured). Called from the default stream, on which CUDA
-  captures nothing, an estimator's graphs live on a side stream of its own, ordered with the caller's.
-- One private memory pool per estimator: its graphs share memory with each other only, and they
-  replay in order on their stage's stream, never at the same time as each other. Inductor's own
-  graphs (``reduce-overhead``) keep one pool per thread and assume one replay at a time, so the
-  compile modes run Inductor's kernels without them (``no_graph_options``) inside ours.
-- The first call of a key runs the forward as it is (cuDNN and cuBLAS set up, compiled kernels
-  tuned: nothing of that may happen inside a capture); the second captures, replays, and compares
-  the replay with the forward run outside the graph on the same input. A capture that fails or
-  disagrees raises ``GraphFailure``: the caller switches graphs off for the run.
+- One graph per forward kind ("eager", "compiled"), input (shape, dtype) and stream: a graph replays
+  on the stream it was captured on. Called from the default stream (which CUDA does not capture), an
+  estimator's graphs live on a side stream of its own, ordered with the caller's.
+- One private memory pool per estimator, whose graphs replay in order, never at the same time; the
+  compile modes run Inductor's kernels without Inductor's own graphs (``no_graph_options``).
+- A key's first call runs the forward as it is; the second captures, replays and compares the replay
+  with the forward outside the graph. A capture that fails or disagrees raises ``GraphFailure``: the
+  caller switches graphs off for the run.
 
 The outputs are the graph's static tensors, rewritten by its next replay: callers copy them.
 """
