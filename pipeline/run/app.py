@@ -1,11 +1,10 @@
-"""Assembling a run from its config: checks, outputs, source, stages, display; returns the exit code.
+"""Assembling a run from its config: checks, outputs, sources, stages, display; returns the exit code.
 
-The order is what makes bad input cheap: everything that can be checked without a model is
-checked first (``pipeline.cli.preflight.check_run``: values, endpoints, output folders, files, keys, the detector model),
-then the publisher binds (a taken port fails here), then the source opens (a missing camera or a
-corrupt file fails in seconds), and only then do the models load. File outputs are created by
-their first frame, so a run that fails to start never truncates an existing recording or
-keypoint file.
+The order is what makes bad input cheap: everything that can be checked without a model first
+(``pipeline.cli.preflight.check_run``), then the outputs (the publisher binds: a taken port fails here),
+then the sources open (a missing camera or a corrupt file fails in seconds), and only then do the
+models load. File outputs are created by their first frame, so a run that fails to start never
+truncates an existing recording or keypoint file.
 """
 
 from __future__ import annotations
@@ -21,7 +20,8 @@ from pipeline.cli.terminal import Display
 from pipeline.mocap.setup import world_setup
 from pipeline.run.build import Stages, build_stages, pick_device
 from pipeline.run.engine import FrameEngine
-from pipeline.run.runner import Runner, SourceStats
+from pipeline.run.runner import Runner
+from pipeline.run.sinkthread import SourceStats
 from pipeline.sinks import Sink
 from pipeline.sinks.build import Outputs, build_outputs
 from pipeline.sinks.publisher import ZmqPublisher

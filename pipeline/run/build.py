@@ -116,8 +116,8 @@ def build_stages(cfg: RunConfig, device: torch.device | None = None) -> Stages:
     for task, path in sources.items():
         model = load_model(path, device=device, dtype=cfg.dtype)
         kwargs = {"flip_test": cfg.flip_test, "buckets": cfg.pose_buckets} if TASKS[task].per_person else {}
-        estimators[task] = estimator_for(task)(model, input_size=_input_size(task, cfg, model, notes), fastpath=fastpath,
-                                            **kwargs)
+        size = _input_size(task, cfg, model, notes)
+        estimators[task] = estimator_for(task)(model, input_size=size, fastpath=fastpath, **kwargs)
     random = any(e.random_weights for e in estimators.values()) or detector.random_weights
     background = list(load_metadata().seg_class_names).index("Background")
     return Stages(device, detector, estimators, random, notes, fallback, background_id=background)

@@ -17,11 +17,19 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
-from pipeline.run.runner import SourceStats
 from sapiens2_client.subscriber import KeypointsMessage, ReceiveTimeout, Subscriber
 from sapiens2_client.timing import RateMeter
-from tests.cliutil import CLI, CONFIGS, OFFLINE, REPO, make_video, run_cli, run_cli_cases
+
+from pipeline.run.sinkthread import SourceStats
+from tests.cliutil import (
+    CLI,
+    CONFIGS,
+    OFFLINE,
+    REPO,
+    make_video,
+    run_cli,
+    run_cli_cases,
+)
 
 pytestmark = pytest.mark.timeout(300)
 README = (REPO / "README.md").read_text()

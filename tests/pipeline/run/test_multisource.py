@@ -297,7 +297,7 @@ def test_a_source_failing_mid_run_is_told_to_the_sinks_and_stays_down_in_metrics
 def test_a_long_run_keeps_a_bounded_latency_window(monkeypatch: pytest.MonkeyPatch) -> None:
     """The summary's figures come from the last LATENCY_WINDOW frames: a camera running for days does not
     grow the process by a list entry per frame."""
-    import pipeline.run.runner as runner_module
+    import pipeline.run.sinkthread as runner_module
     from pipeline.sources import SourceEnded
 
     monkeypatch.setattr(runner_module, "LATENCY_WINDOW", 5)
