@@ -54,8 +54,9 @@ from bench.harness import (
     wait_quiet,
 )
 from pipeline.run.build import Stages
-from pipeline.run.engine import Clock, FrameEngine, FrameInFlight, Pending
+from pipeline.run.engine import FrameEngine
 from pipeline.run.runner import Runner
+from pipeline.run.step import Clock, FrameInFlight, Pending
 from pipeline.sinks.jsonl import result_to_record
 from pipeline.sinks.publisher import ZmqPublisher
 from pipeline.sinks.recorder import VideoRecorder

@@ -25,15 +25,8 @@ from torch import Tensor
 
 from pipeline.run.build import Stages
 from pipeline.run.fallback import MAPS_3D, PrecisionFallback
-from pipeline.run.streams import (
-    Carry,
-    Clock,
-    FrameInFlight,
-    Pending,
-    SourceState,
-    Streams,
-    all_finite,
-)
+from pipeline.run.step import Carry, Clock, FrameInFlight, Pending, SourceState
+from pipeline.run.streams import Streams, all_finite
 from stages.detect.tracking import ByteTracker, carry_boxes
 from stages.keypoints3d import Lift, lift, smooth3d
 from stages.sapiens2.preprocess import to_device_image, upload
@@ -371,4 +364,4 @@ class FrameEngine(PrecisionFallback):
         return Keypoints3D(xyz, valid, root, root_valid, self.metric3d)
 
 
-__all__ = ["Clock", "FrameEngine", "Pending", "Stages", "all_finite"]
+__all__ = ["FrameEngine"]

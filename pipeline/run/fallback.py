@@ -11,7 +11,7 @@ import logging
 
 import torch
 
-from pipeline.run.streams import Clock, Pending
+from pipeline.run.step import Clock, Pending
 from stages.sapiens2.estimators import NonFiniteOutputError
 from stages.tasks import TASKS
 

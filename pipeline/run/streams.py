@@ -1,24 +1,19 @@
-"""The device side of a step: one CUDA stream per stage ("lanes"), their events, the pinned staging
-ring of uploads, pinned downloads, stage timing, and the Pending step that carries them from submit
-to finish, with what the engine keeps per frame of a step (FrameInFlight) and per source between steps
-(SourceState, Carry).
+"""The device side of a step: one CUDA stream per stage, their events, the pinned staging ring of
+uploads and pinned downloads.
 
 On a GPU the stages run each on its own stream (overlapped; CUDA graphs too: each stage captures
 its own on its stream) or all on one (serialised: a benchmark baseline). The streams of a device
 are made once and shared by its engines: a CUDA graph replays on the stream it was captured on, so
 an engine made after another's warm-up (a benchmark's next row) finds the graphs made. On the CPU
-there are no streams: the stream contexts are no-ops, a "download" is the tensor itself and the
-clock reads perf_counter.
+there are no streams: the stream contexts are no-ops and a "download" is the tensor itself.
 """
 
 from __future__ import annotations
 
 import contextlib
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -27,9 +22,7 @@ from stages.tasks import streams
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from stages.detect.tracking import ByteTracker
-    from stages.smoothing import KeypointSmoother
-    from stages.types import Detections, Frame
+    from pipeline.run.step import Pending
 
 PIPELINE_DEPTH = 2  # steps in flight: the runner submits step t before it finishes step t-1
 
@@ -37,96 +30,6 @@ PIPELINE_DEPTH = 2  # steps in flight: the runner submits step t before it finis
 def stream_names() -> tuple[str, ...]:
     """The CUDA streams of a device: the upload's, the detector's and the tasks' (stages.tasks)."""
     return ("upload", "detect", *streams())
-
-
-class Clock:
-    """Stage timing: CUDA events on a GPU (read after collect), perf_counter on the CPU."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-        self.marks: dict[str, tuple] = {}
-
-    def start(self, name: str, stream=None) -> None:
-        self.marks[name] = (self._mark(stream), None)
-
-    def stop(self, name: str, stream=None) -> None:
-        self.marks[name] = (self.marks[name][0], self._mark(stream))
-
-    def _mark(self, stream):
-        if not self.cuda:
-            return time.perf_counter()
-        event = torch.cuda.Event(enable_timing=True)
-        event.record(stream)
-        return event
-
-    def millis(self) -> dict[str, float]:
-        out = {}
-        for name, (a, b) in self.marks.items():
-            if b is None:
-                continue
-            if self.cuda:
-                b.synchronize()  # done already when its stage's results were collected
-            out[name] = a.elapsed_time(b) if self.cuda else (b - a) * 1000.0
-        return out
-
-
-@dataclass
-class Carry:
-    """Boxes for the frames the detector skips: on the device, aligned with the last detection's
-    scores and track ids (host)."""
-
-    boxes: Tensor  # (N, 4) xyxy on the device
-    scores: np.ndarray  # (N,)
-    track_ids: np.ndarray  # (N,)
-
-
-@dataclass
-class SourceState:
-    """What the engine remembers about one source between steps."""
-
-    submitted_session: int = 0
-    finished_session: int = 0
-    since_detect: int = 0  # frames since the detector last ran
-    carry: Carry | None = None
-    tracker: ByteTracker | None = None
-    smoother: KeypointSmoother | None = None
-    smoother3d: KeypointSmoother | None = None
-    pointmap: Tensor | None = None  # (H, W, 3) on the device: the last one computed (pointmap_every)
-    pointmap_host: Tensor | None = None  # its host copy (the frames that reuse it do not download it again)
-    since_pointmap: int = 0
-
-
-@dataclass
-class FrameInFlight:
-    """One frame of a step in flight."""
-
-    frame: Frame
-    image: Tensor  # (3, H, W) uint8 on the device
-    detections: Detections  # scores and ids; boxes are replaced by the ones pose used (carried or detected)
-    carried: bool = False
-    boxes: Tensor | None = None  # (N, 4) the boxes pose ran on, on the device
-    persons: slice = field(default_factory=lambda: slice(0, 0))  # this frame's rows in the step's person batch
-    outputs: dict[str, Tensor] = field(default_factory=dict)  # host (pinned) tensors of the dense stages
-    maps: dict[str, Tensor] = field(default_factory=dict)  # device maps the 3D step reads (MAPS_3D)
-    pointmap_due: bool = False  # this step runs the frame's pointmap forward (else: its source's last map)
-
-
-@dataclass
-class Pending:
-    """Device work of one step in flight; the engine's finish_batch() turns it into FrameResults."""
-
-    frames: list[Any]  # the engine's FrameInFlight, one per frame of the step
-    clock: Clock
-    outputs: dict[str, Tensor] = field(default_factory=dict)  # host tensors of the step (pose, finite flags)
-    done: list = field(default_factory=list)  # events to wait for (CUDA only)
-    host_ms: dict[str, float] = field(default_factory=dict)
-    dense_done: list = field(default_factory=list)  # events of the dense stages (the 3D step waits for them)
-    dtypes: dict[str, Any] = field(default_factory=dict)  # task -> the dtype its model ran this step in
-
-    def wait(self) -> None:
-        for event in self.done:
-            event.synchronize()  # this step's work only
-        self.done.clear()
 
 
 @dataclass
@@ -281,4 +184,4 @@ def all_finite(tensors: list[Tensor]) -> Tensor:
     return torch.isfinite(torch.stack([t.sum(dtype=torch.float64) for t in tensors])).all()
 
 
-__all__ = ["PIPELINE_DEPTH", "Clock", "Streams", "Pending", "StagingRing", "all_finite", "stream_names"]
+__all__ = ["PIPELINE_DEPTH", "StagingRing", "Streams", "all_finite", "stream_names"]

@@ -26,7 +26,8 @@ import torch
 import pipeline.run.streams
 from pipeline.run.build import Stages
 from pipeline.run.engine import FrameEngine
-from pipeline.run.streams import Clock, Streams
+from pipeline.run.step import Clock
+from pipeline.run.streams import Streams
 from stages.keypoints3d import Lift
 from stages.sapiens2 import load_model
 from stages.sapiens2.estimators import estimator_for
