@@ -1,5 +1,5 @@
 """Motion-capture commands: ``calibrate`` (pipeline.mocap.calibrate), ``calibrate board``
-(pipeline.mocap.board_cmd), ``demo-rig`` (pipeline.mocap.demo_cmd), ``triangulate`` (world
+(pipeline.mocap.board), ``demo-rig`` (pipeline.mocap.demo_rig), ``triangulate`` (world
 skeletons from the keypoint files of a recorded run, through the live run's world step) and
 ``export-world`` (a world JSONL as TRC, CSV or NumPy).
 
@@ -32,9 +32,9 @@ log = logging.getLogger(__name__)
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Register calibrate, calibrate-board, demo-rig, triangulate and export-world."""
-    from .board_cmd import add_board_parser
+    from pipeline.mocap.board import add_board_parser
     from .calibrate import add_calibrate_parser
-    from .demo_cmd import add_demo_parser
+    from pipeline.mocap.demo_rig import add_demo_parser
 
     add_calibrate_parser(subparsers)
     add_board_parser(subparsers)

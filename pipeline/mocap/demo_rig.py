@@ -38,7 +38,7 @@ def cmd_demo_rig(args: argparse.Namespace) -> int:
 
     from stages.mocap.camera import write_rig
 
-    from .synthetic import demo
+    from pipeline.mocap.synthetic import demo
 
     folder = Path(args.folder)
     if folder.exists() and not folder.is_dir():
@@ -73,7 +73,7 @@ def _board_videos(out: Path, rig, demo, rng) -> None:
     import av
     import numpy as np
 
-    from .synthetic.board import Renderer
+    from pipeline.mocap.synthetic.board import Renderer
 
     renderer = Renderer(demo.BOARD, px_per_square=60)
     poses = demo.board_poses()
@@ -98,7 +98,7 @@ def _keypoint_files(folder: Path, rig, demo, rng) -> int:
     from pipeline.sinks.world import WorldWriter
     from stages.mocap.fuse import WorldFrame
 
-    from .synthetic.people import observe
+    from pipeline.mocap.synthetic.people import observe
 
     steps = round(SECONDS * demo.FPS)
     writers = {name: LineWriter(folder / "keypoints" / f"{name}.jsonl") for name in rig.names}

@@ -19,7 +19,7 @@ from sapiens2_client.cli import positive
 
 from stages.errors import ConfigError
 
-from .calibrate import add_board_flags, board_of
+from pipeline.mocap.calibrate import add_board_flags, board_of
 
 log = logging.getLogger(__name__)
 INCH_M = 0.0254
