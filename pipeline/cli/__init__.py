@@ -1,1 +1,2 @@
-"""The command line: the entry point and subcommands, the run's options and config, checks of bad input before models load, the terminal."""
+"""The command line: the entry point and its subcommands, the run's options and config, the one check
+of bad input before models load, the terminal."""
