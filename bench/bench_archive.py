@@ -5,7 +5,7 @@ files with the same models.
     .venv/bin/python -m bench.bench_archive --videos 32 --frames 60 --workers 1 2 4 --json out/archive.json
     .venv/bin/python -m bench.bench_archive --run-args "--tasks pose,seg --device cuda" --workers 1 2
 
-Both sides run the same code per video (``pipeline.cluster.archive.process_video``: PyAV decode, the
+Both sides run the same code per video (``pipeline.cluster.archive_worker.process_video``: PyAV decode, the
 models, annotation, the mp4 encode and the keypoint JSONL) with the same config, parsed from
 ``--run-args`` by the batch command's own parser.
 
@@ -40,7 +40,8 @@ import torch
 
 from bench.harness import dump_json, load_average, machine_info, percentile, table, wait_quiet
 from pipeline.cli.main import build_parser
-from pipeline.cluster.archive import SUMMARY, Item, batch_config, process_video
+from pipeline.cluster.archive import SUMMARY, Item, batch_config
+from pipeline.cluster.archive_worker import process_video
 from pipeline.run.build import build_stages
 from tests.cliutil import make_video
 

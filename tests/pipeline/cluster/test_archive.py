@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.cluster.archive import DONE, FAILED, KEYPOINTS, SUMMARY, VIDEO, completed, list_inputs
+from pipeline.cluster.archive_files import DONE, FAILED, KEYPOINTS, SUMMARY, VIDEO, completed, list_inputs
 from stages.errors import ConfigError
 from tests.cliutil import (
     CLI,
@@ -303,7 +303,7 @@ def test_workers_that_die_while_loading_the_models_end_the_job(ray_env: dict[str
                                                                tmp_path: Path) -> None:
     """Every worker process is SIGKILLed while it loads its models (as the OOM killer would): Ray would restart
     it forever; the job gives up after a few with one line, instead of hanging."""
-    from pipeline.cluster.archive import LOAD_DEATHS, LOADING
+    from pipeline.cluster.archive_worker import LOAD_DEATHS, LOADING
 
     archive = tmp_path / "archive"
     archive.mkdir()
@@ -525,7 +525,7 @@ def test_a_marker_that_cannot_be_written_fails_the_video_with_the_reason(tmp_pat
     from types import SimpleNamespace
 
     from pipeline.cli.config import RunConfig
-    from pipeline.cluster import archive as archive_module
+    from pipeline.cluster import archive_worker as archive_module
     from pipeline.cluster.archive_files import Item
 
     def outputs_made(cfg, stages, item, folder, token) -> tuple[int, int]:
@@ -557,7 +557,7 @@ def test_a_video_done_with_corrupt_packets_says_how_many(tmp_path: Path, monkeyp
     from types import SimpleNamespace
 
     from pipeline.cli.config import RunConfig
-    from pipeline.cluster import archive as archive_module
+    from pipeline.cluster import archive_worker as archive_module
     from pipeline.cluster.archive_files import Item, from_marker
 
     def outputs_made(cfg, stages, item, folder, token) -> tuple[int, int]:
@@ -574,7 +574,9 @@ def test_a_video_done_with_corrupt_packets_says_how_many(tmp_path: Path, monkeyp
     assert row["status"] == "done" and row["decode_errors"] == 4
     marker = completed(tmp_path / "out" / "a")
     assert marker["decode_errors"] == 4 and from_marker(item, marker, "later")["decode_errors"] == 4
-    archive_module.print_summary([row], tmp_path / SUMMARY)
+    from pipeline.cluster.archive_report import print_summary
+
+    print_summary([row], tmp_path / SUMMARY)
     assert "4 corrupt packets skipped" in capsys.readouterr().out
 
 
