@@ -421,13 +421,13 @@ def compose_annotators(
     text is never painted over, whatever order the tasks are listed in.
     """
     meta = metadata or load_metadata()
+    registered = {spec.layer: spec.annotator for spec in TASKS.values() if spec.annotator}  # (stages.tasks)
     built: list[BaseAnnotator] = []
     for task in tasks:
         if isinstance(task, BaseAnnotator):
             built.append(task)
             continue
         name = _ALIASES.get(task, task)
-        registered = {spec.layer: spec.annotator for spec in TASKS.values() if spec.annotator}  # (stages.tasks)
         if name in _LAYERS:
             built.append(_LAYERS[name](meta))
         elif name in registered:

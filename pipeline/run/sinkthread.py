@@ -19,7 +19,7 @@ from pipeline.sinks import Sink
 from stages.annotate import Annotator
 from stages.types import FrameResult
 
-log = logging.getLogger("pipeline.run.runner")  # the loop's own messages, whichever module says them
+log = logging.getLogger(__name__)
 SENTINEL = object()  # put last into the sink inbox: the run is over
 JOIN_S = 30.0  # the longest the loop waits for the sink thread to finish
 LATENCY_WINDOW = 10_000  # the summary's latency percentiles are of the last this many frames (memory stays flat)

@@ -10,7 +10,7 @@ from pipeline.sinks.world import WorldWriter
 from stages.mocap.fuse import WorldFrame
 from stages.types import FrameResult, StreamInfo
 
-log = logging.getLogger("pipeline.mocap.setup")
+log = logging.getLogger(__name__)
 
 
 class TrcExport:
