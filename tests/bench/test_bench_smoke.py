@@ -112,7 +112,7 @@ def test_device_bench_smoke_runs_every_phase(tmp_path: Path) -> None:
     # The paths a run takes: every case eager, with graphs (off on the CPU: eager again) and compiled, which
     # switched to its compiled forward after its check; nothing was switched off.
     graphs = {(r["path"], r["task"], r["batch"]): r for r in results["graphs"]}
-    assert {(t, b) for _, t, b in graphs} == {("pose", 1), ("pose", 4), ("pose", 8), ("seg", 1)} and len(graphs) == 12
+    assert {(t, b) for _, t, b in graphs} == {("pose", 2), ("seg", 1)} and len(graphs) == 6  # the smoke's cases
     assert all(r["compiled_in_use"] for r in graphs.values() if r["path"].startswith("compiled"))
     assert all(r["switched_off"] == {} and r["ms"] for r in graphs.values())
     # The real command: each run ended well and its keypoint messages came over ZeroMQ.
