@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from sapiens2_client import wire
 from stages.types import FrameResult
 
 from .net.http import HttpService
@@ -131,7 +132,7 @@ class PipelineMetrics:
     def watch_publisher(self, publisher: Any) -> None:
         self._publisher = publisher
         if publisher is not None:  # every kind has a sample (0) from the start: rate() and alerts see them
-            for kind in ("keypoints", "frame", "seg", "matte", "status"):
+            for kind in wire.KINDS:
                 self.publisher_dropped.labels(kind)
 
     def add_source(self, source: str) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from sapiens2_client import wire
 from tests.cliutil import CLI, OFFLINE
 from tests.viewerutil import free_port, http_get, make_long_clip, scrape, start_cli, stop_all, wait_http
 
@@ -29,7 +30,8 @@ def long_clip(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_metrics_grow_and_health_says_ready(tiny: Path, cli_env: dict[str, str], tmp_path: Path,
                                            long_clip: Path) -> None:
     listen = f"127.0.0.1:{free_port()}"
-    pipeline = start_cli(["--source", f"hall=loop:{long_clip}", "--realtime", "--source", f"gone={tmp_path / 'missing.mp4'}",
+    pipeline = start_cli(["--source", f"hall=loop:{long_clip}", "--realtime",
+                          "--source", f"gone={tmp_path / 'missing.mp4'}",
                        "--tasks", "pose", *OFFLINE, "--metrics", listen, "--publish", f"tcp://127.0.0.1:{free_port()}"],
                       env=cli_env, cwd=tmp_path)
     try:
@@ -44,8 +46,8 @@ def test_metrics_grow_and_health_says_ready(tiny: Path, cli_env: dict[str, str],
         assert first["sapiens2_source_up"][(("source", "gone"),)] == 0
         for name in ("sapiens2_source_reopens_total", "sapiens2_decode_errors_total", "sapiens2_frames_dropped_total"):
             assert (("source", "hall"),) in first[name], (name, first.get(name))
-        assert {labels for labels in first["sapiens2_publisher_dropped_total"]} >= {
-            (("kind", kind),) for kind in ("keypoints", "frame", "status")}
+        # (one series per kind the wire has, the world's included)
+        assert set(first["sapiens2_publisher_dropped_total"]) == {(("kind", kind),) for kind in wire.KINDS}
         frames = first["sapiens2_frames_total"][(("source", "hall"),)]
         while scrape(listen)["sapiens2_frames_total"][(("source", "hall"),)] <= frames:
             assert time.monotonic() < deadline, "the frame counter did not grow"
