@@ -108,16 +108,23 @@ def _read_folder(folder: Path) -> tuple[dict[str, Tensor], dict[str, str]]:
 
 def resolve_hub(repo_id: str) -> Path:
     """Local snapshot folder of a hub repo; offline and not cached -> one clear error."""
+    from huggingface_hub import constants
+
+    offline_error = CheckpointError(
+        f"{repo_id}: weights are not in the Hugging Face cache and the hub cannot be reached (offline); run "
+        f"`hf download {repo_id}` where there is network, or pass a local checkpoint folder")
+    # Offline with no folder of the repo in the cache: said at once, without importing the download
+    # machinery (half a second of every offline start that falls back to random weights).
+    cached = Path(constants.HF_HUB_CACHE) / f"models--{repo_id.replace('/', '--')}"
+    if constants.HF_HUB_OFFLINE and not cached.is_dir():
+        raise offline_error
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
     try:  # huggingface_hub honours HF_HUB_OFFLINE itself: offline, only the cache is looked at
         return Path(snapshot_download(repo_id, allow_patterns=["*.json", "*.safetensors"]))
     except LocalEntryNotFoundError:
-        raise CheckpointError(
-            f"{repo_id}: weights are not in the Hugging Face cache and the hub cannot be reached (offline); run "
-            f"`hf download {repo_id}` where there is network, or pass a local checkpoint folder"
-        ) from None
+        raise offline_error from None
     except Exception as exc:  # network, auth and repo errors all end the same way for the user
         reason = f"{type(exc).__name__}: {exc}"
         raise CheckpointError(f"{repo_id}: could not fetch from the Hugging Face hub ({reason})") from None

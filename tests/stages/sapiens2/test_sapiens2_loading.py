@@ -166,6 +166,21 @@ def test_missing_relative_path_is_not_a_hub_lookup(tmp_path, monkeypatch):
     assert "no such" in msg, msg
 
 
+def test_offline_hub_id_not_in_the_cache_is_refused_without_the_download_code(tmp_path):
+    """Offline, a hub id with no folder in the cache is one clear error, said before huggingface_hub's
+    download code is imported (an offline start that falls back to random weights pays nothing for it)."""
+    probe = ("import sys\nfrom stages.sapiens2 import CheckpointError\nfrom stages.sapiens2.weights import locate\n"
+             "try:\n    locate('facebook/sapiens2-pose-0.4b')\nexcept CheckpointError as exc:\n    print(exc)\n"
+             "print('download code imported:', 'huggingface_hub._snapshot_download' in sys.modules)\n")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hub")}
+    ran = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).resolve().parents[3])
+    assert ran.returncode == 0, ran.stderr
+    said, imported = ran.stdout.strip().splitlines()
+    assert "not in the Hugging Face cache" in said and "hf download facebook/sapiens2-pose-0.4b" in said, said
+    assert imported == "download code imported: False", ran.stdout
+
+
 def test_folder_without_config(tmp_path, pose_dir):
     folder = tmp_path / "noconfig"
     folder.mkdir()
