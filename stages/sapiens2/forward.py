@@ -66,6 +66,11 @@ class FastForward:
                 return maps.clone(), None if scale is None else scale.clone()
             except GraphFailure as exc:
                 self._switch_off("CUDA graphs", str(exc))
+            except Exception as exc:  # a replay, or the compiled forward run before its capture
+                if compiled is not None:
+                    self._switch_off("compile", f"the compiled forward raised {raised(exc)}")
+                    return self(pixels)  # eager, under its own graphs
+                self._switch_off("CUDA graphs", f"a graph of input {shape} raised {raised(exc)}")
         try:
             return fn(pixels)
         except Exception as exc:

@@ -215,6 +215,57 @@ def test_compiled_graphs_replace_the_eager_graphs_once_checked(monkeypatch, capl
         torch.testing.assert_close(g, want)
 
 
+@pytest.mark.parametrize("fault", ["compiled forward raises after its check", "compiled graph's replay raises"])
+def test_a_compiled_forward_that_raises_later_under_graphs_never_ends_the_run(fault: str, monkeypatch,
+                                                                               caplog) -> None:
+    """On CUDA a compiled shape that passed its check runs again uncaptured (its graph's first call)
+    and then replays: either raising switches compile off (one warning) and the step is computed
+    eagerly, under the eager graphs, which stay on."""
+    from tests.fakecuda import FakeGraph
+
+    cuda = FakeCuda(monkeypatch)
+    main, calls = threading.current_thread(), []
+
+    def make(model):
+        def compiled(x):
+            if threading.current_thread() is main:
+                calls.append(1)
+                if fault.startswith("compiled forward") and len(calls) > 1:  # the check was its first call
+                    raise RuntimeError("CUDA error: an illegal memory access was encountered")
+            return model(x)
+        return compiled
+
+    replay = FakeGraph.replay
+
+    def replay_or_raise(graph: FakeGraph) -> None:
+        if fault.endswith("replay raises") and graph in compiled_graphs and len(graph.replayed_on) >= 1:
+            raise RuntimeError("CUDA error: an illegal instruction was encountered")
+        replay(graph)
+
+    compiled_graphs: list = []
+    monkeypatch.setattr(FakeGraph, "replay", replay_or_raise)
+    _compiled_stand_in(monkeypatch, make)
+    est, plain = _seg(FastPath(compile="default")), _seg()
+    cuda.watch(est.model)
+    est._forward = FastForward(est.model, replace(est.fastpath, cuda_graphs="on"), "seg")
+    frames = _frames(5)
+    with cuda.on(2), caplog.at_level(logging.WARNING):
+        est.warmup(max_batch=1)
+        assert est.wait_compiled(timeout=60)
+        got = []
+        for frame in frames:
+            got += _maps(est, [frame])
+            if est._forward.graphs is not None:
+                compiled_graphs[:] = [cuda.graphs[i] for i, (kind, _, _) in
+                                      enumerate(est._forward.graphs.captures) if kind == "compiled"]
+    (warning,) = _warnings(caplog)
+    assert warning.startswith("seg: fast path compile switched off for this run: the compiled forward raised "
+                              "RuntimeError: CUDA error: an illegal")
+    assert est.fastpath.compile == "off" and est._forward.graphs is not None and est.fastpath.cuda_graphs == "on"
+    for g, want in zip(got, _maps(plain, frames)):
+        torch.testing.assert_close(g, want)
+
+
 # -- the check itself ------------------------------------------------------------------------
 def test_difference_is_relative_and_catches_what_is_not_finite() -> None:
     a = torch.ones(2, 3)
