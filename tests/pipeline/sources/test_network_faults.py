@@ -8,7 +8,9 @@ import base64
 import contextlib
 import json
 import os
+import re
 import select
+import signal
 import socket
 import subprocess
 import sys
@@ -159,6 +161,59 @@ def test_an_oversized_message_is_refused_while_it_arrives() -> None:
     # dropped; libzmq never connects again after that protocol error: the subscriber did, and went on
     assert got == 3 and skipped["disconnects"] >= 1 and skipped["reconnects"] >= 1, skipped
     assert rss_kb < 50_000, f"peak RSS grew {rss_kb / 1024:.0f} MB: the oversized message was received"
+
+
+def _printed_until(sock: zmq.Socket, proc: subprocess.Popen, source_id: str, lines: list[dict]) -> None:
+    """Send a status of ``source_id`` until the subscriber (``--json``) prints one; what it printed goes to
+    ``lines``. Messages sent before it on the same connection were taken first."""
+    marker = wire.encode("status", source_id, {"fps": 1.0, "health": "ok", "frames": 1, "last_frame_index": 0,
+                                               "drops": {}}, publish_ns=1)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        sock.send_multipart(marker)
+        while select.select([proc.stdout], [], [], 0.1)[0]:
+            line = proc.stdout.readline()
+            assert line, proc.communicate()[1]  # it ended
+            lines.append(json.loads(line))
+            if lines[-1]["topic"] == f"status.{source_id}":
+                return
+        assert proc.poll() is None, proc.communicate()[1]
+    raise AssertionError(f"the subscriber never printed status.{source_id}")
+
+
+@pytest.mark.parametrize("command", [[*CLI, "subscribe"], [str(Path(sys.executable).parent / "sapiens2-client"),
+                                                           "subscribe"]], ids=["sapiens2-stream", "sapiens2-client"])
+def test_the_summary_line_counts_refusals_by_reason_and_the_dropped_connection(command: list[str]) -> None:
+    """The line a subscription ends with, as printed: what was refused and why, and the connection an
+    oversized message cost (made again by the subscriber: libzmq would not)."""
+    ctx, sock, endpoint = _rogue()
+    proc = subprocess.Popen([*command, "--endpoint", endpoint, "--topic", "", "--json", "--max-message-mb", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: list[dict] = []
+    try:
+        _printed_until(sock, proc, "cam0", lines)
+        for name in ("wrong_schema", "header_not_msgpack", "shape_negative", "shape_negative"):
+            sock.send_multipart(BAD[name])
+        _printed_until(sock, proc, "cam1", lines)  # the four refused before it
+        sock.send_multipart([b"status.cam0", GOOD_STATUS[1], b"\0" * (2 * 2**20)])  # 2 MB over a 1 MB limit
+        _printed_until(sock, proc, "cam2", lines)  # connected again
+        proc.send_signal(signal.SIGINT)
+        lines += [json.loads(line) for line in proc.stdout.read().splitlines()]
+        err = proc.stderr.read()
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        sock.close()
+        ctx.term()
+    assert proc.returncode == 0, err
+    last = err.strip().splitlines()[-1]
+    summary = re.fullmatch(r"received (\d+), skipped 4 \((.*)\), missed 0, "
+                           r"disconnects 1 \(1 after a message over --max-message-mb 1\)", last)
+    assert summary, last
+    assert int(summary[1]) == len(lines), f"{len(lines)} printed: {last}"
+    reasons = dict(reason.split() for reason in summary[2].split(", "))
+    assert reasons == {"shape": "2", "schema": "1", "header": "1"}, last
 
 
 # -- subscribe waits for nothing -------------------------------------------------------------
