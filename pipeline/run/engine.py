@@ -29,6 +29,7 @@ from pipeline.run.step import Carry, Clock, FrameInFlight, Pending, SourceState
 from pipeline.run.streams import Streams, all_finite
 from stages.detect.tracking import ByteTracker, carry_boxes
 from stages.keypoints3d import Lift, lift, smooth3d
+from stages.sapiens2.graphs import warming_up
 from stages.sapiens2.preprocess import to_device_image, upload
 from stages.smoothing import KeypointSmoother
 from stages.tasks import TASKS
@@ -101,8 +102,9 @@ class FrameEngine(PrecisionFallback):
                     else:
                         detector.detect_batch([image])
             seconds["detect"] = time.perf_counter() - t0
-        for task in self.stages.estimators:
-            seconds[task] = self._warm(task)
+        with warming_up():  # the stages' background compiles start once every stage captured its graphs
+            for task in self.stages.estimators:
+                seconds[task] = self._warm(task)
         return seconds
 
     def _warm(self, task: str) -> float:

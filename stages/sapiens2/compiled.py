@@ -9,8 +9,9 @@ its artefacts kept across runs in the user's cache folder.
   ``<cache>/compile/<torch version>/<device>/`` instead of a temporary folder, so a second start
   finds every shape compiled (Inductor keys each entry by graph, input shapes and settings).
 - ``BackgroundCompile``: a daemon thread that compiles shape after shape on a stream of its own (the
-  shapes a stage uses first) and says when each is ready; the estimator switches a shape to its
-  compiled forward only after checking it against eager (stages.sapiens2.forward).
+  shapes a stage uses first; never beside CUDA-graph captures) and says when each is ready; the
+  estimator switches a shape to its compiled forward only after checking it against eager
+  (stages.sapiens2.forward).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import torch
 from torch import Tensor
 
 from .fastpath import attention_context
-from .graphs import no_graph_options
+from .graphs import compile_step, no_graph_options
 from .model import Sapiens2
 from .verify import raised
 
@@ -169,7 +170,7 @@ class BackgroundCompile:
         stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         while (shape := self._next()) is not None:
             try:
-                with _turn, torch.inference_mode(), _on(stream):
+                with _turn, compile_step(), torch.inference_mode(), _on(stream):
                     t0, before = time.perf_counter(), cache_counts()
                     compiled = self.make(shape)
                     compiled(self.make_input(shape))

@@ -24,6 +24,7 @@ from ..types import Keypoints, Matte
 from .config import check_image_size
 from .fastpath import FastPath, bucket, bucket_sizes
 from .forward import FastForward
+from .graphs import warming_up
 from .model import Sapiens2
 from .postprocess import composite, decode_pose, flip_back, matting_maps, normal_maps, pointmaps, seg_classes
 from .preprocess import crop_persons, resize_full, resize_pad, to_device_image
@@ -121,21 +122,22 @@ class _Estimator:
         Returns the seconds it took. Outputs are discarded.
         """
         start = time.perf_counter()
-        check = self.image_tensor(check_image(self.input_size))  # (3, H, W)
-        self._forward.check_switches(self.pixels(check, 1))
-        h, w = self.input_size
-        image = self.image_tensor(np.zeros((h, w, 3), np.uint8))  # (3, H, W), laid out as real frames
-        runs = 2 if self.fastpath.graphs else 1
-        for batch in self.warmup_batches(max_batch):
-            for _ in range(runs):
-                self._warmup_once(image, batch)
-        if self.device.type == "cuda":
-            torch.cuda.current_stream(self.device).synchronize()
-        seconds = time.perf_counter() - start
-        graphs = self._forward.graphs
-        captured = f", {len(graphs.captures)} CUDA graphs captured" if graphs is not None else ""
-        log.info("%s warm-up (%s) %.1f s%s", self.task, self.fastpath.describe(), seconds, captured)
-        self.start_compile()
+        with warming_up():  # its compiles start when every warm-up under way has captured its graphs
+            check = self.image_tensor(check_image(self.input_size))  # (3, H, W)
+            self._forward.check_switches(self.pixels(check, 1))
+            h, w = self.input_size
+            image = self.image_tensor(np.zeros((h, w, 3), np.uint8))  # (3, H, W), laid out as real frames
+            runs = 2 if self.fastpath.graphs else 1
+            for batch in self.warmup_batches(max_batch):
+                for _ in range(runs):
+                    self._warmup_once(image, batch)
+            if self.device.type == "cuda":
+                torch.cuda.current_stream(self.device).synchronize()
+            seconds = time.perf_counter() - start
+            graphs = self._forward.graphs
+            captured = f", {len(graphs.captures)} CUDA graphs captured" if graphs is not None else ""
+            log.info("%s warm-up (%s) %.1f s%s", self.task, self.fastpath.describe(), seconds, captured)
+            self.start_compile()
         return seconds
 
     def start_compile(self) -> None:

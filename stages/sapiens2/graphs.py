@@ -9,14 +9,20 @@ the stage's own memory pool, and checked against the forward it replays.
 - A key's first call runs the forward as it is; the second captures, replays and compares the replay
   with the forward outside the graph. A capture that fails or disagrees raises ``GraphFailure``: the
   caller switches graphs off for the run.
+- Captures and background compiles never overlap (a compile's autotuning synchronises the device,
+  which a capture on another thread cannot survive): a compile starts only when no warm-up is under
+  way (``warming_up``), and a key due for capture while one compiles (``compiling``) runs as it is
+  and is captured at a later call.
 
 The outputs are the graph's static tensors, rewritten by its next replay: callers copy them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +38,45 @@ Forward = Callable[[Tensor], tuple[Tensor, Tensor | None]]
 
 class GraphFailure(RuntimeError):
     """A CUDA graph could not be captured, or its replay disagreed with the forward it captured."""
+
+
+_quiet = threading.Condition()  # guards the two counts below
+_warming = 0  # warm-ups under way (their captures come first: compiles wait)
+_compiling = 0  # background compiles under way (captures wait)
+
+
+@contextlib.contextmanager
+def warming_up() -> Iterator[None]:
+    """Around a warm-up (nested ones count once each): no background compile starts meanwhile."""
+    global _warming
+    with _quiet:
+        _warming += 1
+    try:
+        yield
+    finally:
+        with _quiet:
+            _warming -= 1
+            _quiet.notify_all()
+
+
+@contextlib.contextmanager
+def compile_step() -> Iterator[None]:
+    """Around one background compile: waits until no warm-up is under way; captures wait meanwhile."""
+    global _compiling
+    with _quiet:
+        _quiet.wait_for(lambda: _warming == 0)
+        _compiling += 1
+    try:
+        yield
+    finally:
+        with _quiet:
+            _compiling -= 1
+            _quiet.notify_all()
+
+
+def compiling() -> bool:
+    """Whether a background compile is under way (a capture now would overlap it)."""
+    return _compiling > 0
 
 
 def no_graph_options(mode: str) -> dict[str, Any]:
@@ -84,6 +129,8 @@ class LaneGraphs:
             if self.runs.get(key, 0) < self.warm_runs:
                 self.runs[key] = self.runs.get(key, 0) + 1
                 return fn(pixels.contiguous())  # the layout the capture will have: no recompile in it
+            if compiling():
+                return fn(pixels.contiguous())  # captured at a call with no compile beside it
             captured = self._capture(kind, fn, pixels, stream)
             self.graphs[key] = captured
             return captured.outputs
@@ -127,4 +174,4 @@ class LaneGraphs:
         return _Captured(graph, static, outputs)
 
 
-__all__ = ["GraphFailure", "LaneGraphs", "no_graph_options"]
+__all__ = ["GraphFailure", "LaneGraphs", "compile_step", "compiling", "no_graph_options", "warming_up"]

@@ -266,6 +266,63 @@ def test_a_compiled_forward_that_raises_later_under_graphs_never_ends_the_run(fa
         torch.testing.assert_close(g, want)
 
 
+def test_cuda_graph_captures_and_background_compiles_never_overlap(monkeypatch, caplog) -> None:
+    """A compile's autotuning synchronises the device, which a capture on another thread would not
+    survive: the compiles of a warm-up start once every stage of the engine's warm-up captured its
+    graphs, and a shape due for capture while one compiles runs as it is, captured once it is done."""
+    from stages.sapiens2.graphs import LaneGraphs, warming_up
+
+    cuda = FakeCuda(monkeypatch)
+    events: list[str] = []
+    started, release = threading.Event(), threading.Event()
+
+    def make(model):
+        def compiled(x):
+            if threading.current_thread().name.startswith("compile-"):
+                events.append("compile")
+                started.set()
+                assert release.wait(60)
+            return model(x)
+        return compiled
+
+    capture = LaneGraphs._capture
+
+    def recorded(graphs, kind, fn, pixels, stream):
+        events.append(f"capture {kind} {pixels.shape[0]} on {stream.cuda_stream}")
+        return capture(graphs, kind, fn, pixels, stream)
+
+    monkeypatch.setattr(LaneGraphs, "_capture", recorded)
+    _compiled_stand_in(monkeypatch, make)
+    first, second, plain = _seg(FastPath(compile="default")), _seg(), _seg()
+    for est in (first, second):
+        cuda.watch(est.model)
+        est._forward = FastForward(est.model, replace(est.fastpath, cuda_graphs="on"), "seg")
+    x = torch.randn(2, 3, *SIZE, generator=torch.Generator().manual_seed(3))
+    try:
+        with caplog.at_level(logging.WARNING), torch.inference_mode():
+            with warming_up():  # as FrameEngine.warm_up: one stage after the other
+                with cuda.on(2):
+                    first.warmup(max_batch=1)
+                with cuda.on(3):
+                    second.warmup(max_batch=1)
+            assert started.wait(60)
+            assert events == ["capture eager 1 on 2", "capture eager 1 on 3", "compile"]
+            with cuda.on(3):  # a new shape while the compile runs: computed, not captured
+                during = [second.forward(x)[0] for _ in range(3)]
+            assert events == ["capture eager 1 on 2", "capture eager 1 on 3", "compile"]
+            release.set()
+            assert first.wait_compiled(timeout=60)
+            with cuda.on(3):
+                after = second.forward(x)[0]
+            want = plain.model(x)[0]
+        assert events[3:] == ["capture eager 2 on 3"] and not _warnings(caplog)
+        for got in [*during, after]:
+            torch.testing.assert_close(got, want)
+    finally:
+        release.set()
+        first.close()
+
+
 # -- the check itself ------------------------------------------------------------------------
 def test_difference_is_relative_and_catches_what_is_not_finite() -> None:
     a = torch.ones(2, 3)
