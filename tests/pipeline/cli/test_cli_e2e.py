@@ -441,6 +441,23 @@ def test_live_source_real_engine_tiny_pose(tiny: Path, cli_env: dict[str, str], 
     assert all(len(r.keypoints) == 1 and r.keypoints.xy.shape == (1, NUM_KEYPOINTS, 2) for r in sink.results)
 
 
+@pytest.mark.parametrize("sources", [["fast.mp4"], ["a=fast.mp4", "b=fast.mp4"]], ids=["one source", "two sources"])
+def test_a_live_source_says_why_it_dropped_in_the_summary(tiny: Path, cli_env: dict[str, str], tmp_path: Path,
+                                                          sources: list[str]) -> None:
+    """A file paced at 1000 fps (--realtime: the live policy) before models that take far longer a frame: the
+    summary line of each source gives its drops with their reason, and what it gave plus what it dropped is
+    the whole file."""
+    make_video(tmp_path / "fast.mp4", n=60, w=160, h=120, fps=1000)
+    ran = run_cli([*(arg for s in sources for arg in ("--source", s)), "--realtime", "--tasks", "pose", *OFFLINE],
+                  cli_env, tmp_path)
+    assert ran.rc == 0, ran.stderr
+    said = re.findall(r"(?:done|  [ab]): (\d+) frames, .*, (\d+) dropped(?:, 0 reopens)? "
+                      r"\(live: the newest frame wins while the models are busy\)", ran.stderr)
+    assert len(said) == len(sources), ran.stderr
+    for frames, dropped in said:
+        assert int(dropped) > 0 and int(frames) + int(dropped) == 60, ran.stderr
+
+
 # -- 6. config -------------------------------------------------------------------------------
 def test_cli_overrides_beat_yaml() -> None:
     cfg = load_config(CONFIGS / "tiny.yaml", {"max_frames": 3, "tasks": ["pose"], "source": "clip.mp4"})
