@@ -13,6 +13,7 @@ import torch
 
 from bench.device_stream import person_boxes
 from bench.devicekit import Ctx
+from bench.harness import sync
 from stages.sapiens2.weights import load_model
 from stages.tasks import TASKS
 
@@ -138,7 +139,7 @@ def smoke_compile(ctx: Ctx):
 def phase_graphs(ctx: Ctx) -> None:
     """The paths a run takes, on the stream that replays them: eager, eager + CUDA graphs (the default on
     CUDA) and compiled + CUDA graphs (--compile), for pose x1/x4/x8 and seg; warm-up (capture) and
-    compile seconds; what each fast path's check said; the attention kernels of each case."""
+    compile seconds; what each fast path's check said; the attention kernels of each path and case."""
     from stages.sapiens2.estimators import PoseEstimator, Segmenter
     from stages.sapiens2.fastpath import FastPath
 
@@ -154,22 +155,35 @@ def phase_graphs(ctx: Ctx) -> None:
     paths = [("eager", FastPath(cuda_graphs="off")), ("eager + CUDA graphs", FastPath()),
              (f"compiled ({mode}) + CUDA graphs", FastPath(compile=mode))]
     lane = torch.cuda.Stream(ctx.device) if ctx.cuda else None
+    # Before any graph of this phase is captured: a CUDA graph captured before the process's first profiler
+    # session must not replay under one (pytorch/pytorch#75504), and a profiler that sees no kernels here
+    # (CUPTI unavailable) is said once instead of as an empty column in every row.
+    profiled = profiler_probe(ctx)
     eager_ms: dict[tuple[str, int], float] = {}
-    rows = []
     with smoke_compile(ctx):
-        _graph_rows(ctx, paths, cases, models, classes, lane, eager_ms, rows, results)
-    ctx.report.table(["path", "case", "ms p50", "p95", "vs eager", "warm-up / capture s", "compile s",
-                      "fast-path checks", "attention kernels (eager)"], rows)
-    ctx.say("\nEvery path ran on one side stream, as a stage's lane; a CUDA graph replays the eager path's kernels "
+        ctx.report.table_header(["path", "case", "ms p50", "p95", "vs eager", "warm-up / capture s", "compile s",
+                                 "fast-path checks", f"attention ({profiled or 'not profiled'})"])
+        _graph_rows(ctx, paths, cases, models, classes, lane, eager_ms, results, profiled is not None)
+    ctx.say("\nEvery path ran on one side stream, as a stage's lane; a CUDA graph replays the forward it captured "
             "with one launch. 'compile s' is the background compile of that one shape (Inductor, in-process cache "
-            "only: the kept cache of a second start is not used here).")
+            "only: the kept cache of a second start is not used here). The attention column is the profile of the "
+            "forward each path's graphs capture, run outside the graph: the eager forward for eager and eager + "
+            "graphs, the compiled forward for compiled + graphs (a replay is one launch whose kernels a profiler "
+            "may not name, and profiling replays is where profilers and CUDA graphs have crashed together).")
+    named = [r for r in results if r.get("attention_kernels") and r["attention_kernels"].get("names")]
+    if named:
+        ctx.say("\nAttention kernel names per path (device_bench.json: graphs[].attention_kernels):\n")
+        for r in named:
+            ctx.say(f"- {r['path']}, {r['task']} x{r['batch']} ({r['attention_kernels']['profiled']}): "
+                    + "; ".join(n[:90] for n in r["attention_kernels"]["names"][:3]))
 
 
-def _graph_rows(ctx: Ctx, paths, cases, models, classes, lane, eager_ms, rows, results) -> None:
+def _graph_rows(ctx: Ctx, paths, cases, models, classes, lane, eager_ms, results, profile: bool) -> None:
     for label, fastpath in paths:  # compiled last: a phase cut short keeps the eager and graph rows
         for task, batch in cases:
             if ctx.left_s() < (40 if "compiled" in label else 10):
-                ctx.say(f"({label}, {task} x{batch} skipped: {ctx.left_s():.0f} s left of this phase)")
+                ctx.report.table_row([label, f"{task} x{batch}", None, None, None, None, None,
+                                      f"skipped: {ctx.left_s():.0f} s left of this phase", None])
                 continue
             est = classes[task](models[task], input_size=ctx.size, fastpath=fastpath)
             pixels = torch.randn(batch, 3, *ctx.size, device=ctx.device)  # float32, as the engine's inputs
@@ -183,7 +197,11 @@ def _graph_rows(ctx: Ctx, paths, cases, models, classes, lane, eager_ms, rows, r
                 if fastpath.compile != "off":
                     in_use, compiled_s = _compiled(ctx, est, pixels, ctx.left_s() - 30)
                 stats = ctx.measure(lambda: _run(est, pixels))
-            kernels = attention_kernels(ctx, lambda: _run(est, pixels)) if label == "eager" else None
+                kernels = None
+                if profile:
+                    what, forward = path_forward(est, pixels)
+                    kernels = attention_kernels(ctx, forward)
+                    kernels["profiled"] = what
             ms = stats.p50
             if label == "eager":
                 eager_ms[(task, batch)] = ms
@@ -192,27 +210,59 @@ def _graph_rows(ctx: Ctx, paths, cases, models, classes, lane, eager_ms, rows, r
                        compiled_in_use=in_use if fastpath.compile != "off" else None,
                        switched_off=est.switched_off, resolved=est.fastpath.describe(), attention_kernels=kernels)
             results.append(row)
-            ctx.report.save()
             checks = "; ".join(f"{k} off: {v[:80]}" for k, v in est.switched_off.items()) or "all agreed"
-            rows.append([label, f"{task} x{batch}", ms, stats.p95, "-" if base is None else f"{base / ms:.2f}x",
-                         f"{warm_s:.1f}", "-" if compiled_s is None else f"{compiled_s:.1f}", checks,
-                         "-" if kernels is None else kernels["summary"]])
+            ctx.report.table_row([label, f"{task} x{batch}", ms, stats.p95, "-" if base is None else f"{base / ms:.2f}x",
+                                  f"{warm_s:.1f}", "-" if compiled_s is None else f"{compiled_s:.1f}", checks,
+                                  "-" if kernels is None else f"{kernels['summary']} ({kernels['profiled']})"])
+            ctx.report.save()
             est.close()
 
 
-def attention_kernels(ctx: Ctx, fn: Callable[[], object]) -> dict[str, Any] | None:
-    """The attention kernels one call of ``fn`` runs (CUDA kernel names from the profiler), grouped by
-    backend: flash, efficient (memory-efficient/cutlass fmha), cudnn, math (matmul + softmax)."""
-    if not ctx.cuda:
+def path_forward(est, pixels: torch.Tensor) -> tuple[str, Callable[[], object]]:
+    """The forward an estimator's path runs for ``pixels``, to be called outside any CUDA graph: its
+    compiled forward once that shape is compiled and in use, else its eager forward (the one its graphs
+    capture). (what it is, a call of it under inference mode: the compiled forward's guards want it)."""
+    forward = est._forward  # stages.sapiens2.forward.FastForward: what the estimator runs
+    compiler = forward.compiler
+    compiled = compiler.compiled_for(tuple(pixels.shape)) if compiler is not None else None
+    x = pixels.contiguous()
+    fn = compiled if compiled is not None and "compile" not in est.switched_off else forward.eager
+    what = "compiled forward" if fn is compiled else "eager forward"
+
+    def call() -> object:
+        with torch.inference_mode():
+            return fn(x)
+
+    return what, call
+
+
+def profiler_probe(ctx: Ctx) -> str | None:
+    """One small profiled call: what the profiler reports here ("CUDA kernels", "CPU ops" in the smoke
+    run), or None (said in the report) when it reports nothing or fails."""
+    try:
+        seen = kernel_times(lambda: torch.ones(1024, device=ctx.device).add_(1), ctx.device)
+    except RuntimeError as exc:
+        ctx.say(f"(the profiler failed here: {str(exc).strip().splitlines()[0][:200]}; no kernel names below)\n")
         return None
-    names = kernel_times(fn)
+    if not seen:
+        ctx.say("(the profiler reported no CUDA kernels here, CUPTI unavailable?: no kernel names below)\n")
+        return None
+    return "CUDA kernels" if ctx.cuda else "CPU ops"
+
+
+def attention_kernels(ctx: Ctx, fn: Callable[[], object]) -> dict[str, Any]:
+    """The attention kernels one call of ``fn`` runs, grouped by backend: flash, efficient (memory-
+    efficient/cutlass fmha), cudnn, math (matmul + softmax). CUDA kernel names from the profiler on a
+    GPU; on the CPU (the smoke run) the aten ops, which name the CPU's attention kernels the same way."""
+    names = kernel_times(fn, ctx.device)
     found: dict[str, float] = {}
     for name, ms in names.items():
         kind = attention_backend(name)
         if kind is not None:
             found[kind] = found.get(kind, 0.0) + ms
-    summary = ", ".join(f"{k} {v:.1f} ms" for k, v in sorted(found.items(), key=lambda kv: -kv[1])) or "none seen"
-    return dict(summary=summary, by_backend=found,
+    summary = ", ".join(f"{k} {v:.1f} ms" for k, v in sorted(found.items(), key=lambda kv: -kv[1])) or \
+        ("none seen" if names else "the profiler saw nothing")
+    return dict(summary=summary, by_backend=found, kernels_seen=len(names),
                 names=sorted(n for n in names if attention_backend(n) is not None)[:12])
 
 
@@ -229,19 +279,23 @@ def attention_backend(kernel: str) -> str | None:
     return None
 
 
-def kernel_times(fn: Callable[[], object]) -> dict[str, float]:
-    """Milliseconds of GPU time per CUDA kernel name in one call of ``fn`` (after one warm call)."""
+def kernel_times(fn: Callable[[], object], device: torch.device | str = "cuda") -> dict[str, float]:
+    """Milliseconds of GPU time per CUDA kernel name in one call of ``fn`` (after one warm call); on a
+    CPU device, CPU milliseconds per op (self time)."""
     from torch.profiler import ProfilerActivity, profile
 
+    cuda = torch.device(device).type == "cuda"
     fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    sync(device)
+    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
         fn()
-        torch.cuda.synchronize()
+        sync(device)
     times: dict[str, float] = {}
+    kind = torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU
     for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            times[event.name] = times.get(event.name, 0.0) + event.device_time_total / 1000.0
+        if event.device_type == kind:
+            us = event.device_time_total if cuda else event.self_cpu_time_total
+            times[event.name] = times.get(event.name, 0.0) + us / 1000.0
     return times
 
 

@@ -46,10 +46,18 @@ class Report:
         self.lines.append(line)
 
     def table(self, header: list[str], rows: list[list[Any]]) -> None:
+        self.table_header(header)
+        for row in rows:
+            self.table_row(row)
+
+    def table_header(self, header: list[str]) -> None:
+        """The head of a table whose rows come one at a time (``table_row`` as each is measured, so a
+        phase ended by its watchdog keeps the rows it had in the markdown, not only in the JSON)."""
         self.say("| " + " | ".join(header) + " |")
         self.say("|" + "---|" * len(header))
-        for row in rows:
-            self.say("| " + " | ".join(_cell(v) for v in row) + " |")
+
+    def table_row(self, row: list[Any]) -> None:
+        self.say("| " + " | ".join(_cell(v) for v in row) + " |")
 
     def save(self) -> None:
         self.out.mkdir(parents=True, exist_ok=True)

@@ -115,6 +115,12 @@ def test_device_bench_smoke_runs_every_phase(tmp_path: Path) -> None:
     assert {(t, b) for _, t, b in graphs} == {("pose", 2), ("seg", 1)} and len(graphs) == 6  # the smoke's cases
     assert all(r["compiled_in_use"] for r in graphs.values() if r["path"].startswith("compiled"))
     assert all(r["switched_off"] == {} and r["ms"] for r in graphs.values())
+    # The attention kernels of every path and case, each from the forward that path's graphs capture (on the
+    # CPU the profiler names aten ops: the CPU's flash kernel here).
+    for (path, _, _), r in graphs.items():
+        kernels = r["attention_kernels"]
+        assert kernels["profiled"] == ("compiled forward" if path.startswith("compiled") else "eager forward")
+        assert kernels["names"] and kernels["by_backend"], r
     # The real command: each run ended well and its keypoint messages came over ZeroMQ.
     e2e = results["e2e"]
     assert len(e2e) == 2 and all(r["rc"] == 0 and r["messages"] > 0 and r["error"] is None for r in e2e), e2e
