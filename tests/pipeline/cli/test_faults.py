@@ -249,6 +249,11 @@ BAD_INPUT = [
     (["--metrics", "127.0.0.1:5588", "--control", "tcp://127.0.0.1:5588"], ["control and metrics", "5588"]),
     (["--publish", "tcp://127.0.0.1:5589", "--view", "127.0.0.1:5589"], ["publish and view", "5589"]),
 ]
+# What a refusal must not say: the config key instead of the flag, a second reason that contradicts the first.
+NEVER_SAID = {
+    ("--record", "/proc/x.mp4"): ["No such file or directory", "not writable ("],
+    ("--save-keypoints", "/proc/kp.jsonl"): ["save_keypoints", "No such file or directory", "not writable ("],
+}
 
 
 TAKEN_PORT_FLAGS = ["--view", "--metrics", "--control"]
@@ -288,7 +293,9 @@ def refusals(cli_env: dict[str, str], clip: Path, tmp_path_factory: pytest.TempP
 @pytest.mark.parametrize("case", range(len(BAD_INPUT)), ids=[" ".join(args) for args, _ in BAD_INPUT])
 def test_bad_input_is_one_line_before_any_model(refusals: dict, clip: Path, case: int) -> None:
     ran, source = refusals[case]
-    assert_one_clear_error(ran, *BAD_INPUT[case][1])
+    last = assert_one_clear_error(ran, *BAD_INPUT[case][1])
+    for needle in NEVER_SAID.get(tuple(BAD_INPUT[case][0]), []):
+        assert needle not in last, last
     assert "loaded " not in ran.stderr
     assert source.read_bytes() == clip.read_bytes()
 
