@@ -79,6 +79,23 @@ def test_a_files_latency_is_time_in_the_pipeline_plus_its_wait_in_the_read_ahead
     assert "capture-to-output" not in done, done
 
 
+def test_make_says_before_it_installs_the_figures_the_readme_gives() -> None:
+    """What ``make`` prints before an install (how big, how long) and the README's first-run section agree."""
+    shown = subprocess.run(["make", "-n", "-B", ".venv/.installed", "clients/js/node_modules/.installed"], cwd=REPO,
+                           capture_output=True, text=True, timeout=60)  # -n: printed, not run
+    assert shown.returncode == 0, shown.stderr
+    commands = shown.stdout.splitlines()
+    notes = [i for i, line in enumerate(commands) if line.startswith('echo "make: installing')]
+    installs = [i for i, line in enumerate(commands) if " install " in line or "npm ci" in line]
+    assert len(notes) == 2 and notes[0] < installs[0] and notes[1] < installs[-1], shown.stdout  # said first
+    first_run = " ".join(README.split("\n## ")[0].split())  # the README up to its first section, on one line
+    said = {"python": next((s for s in first_run.split(". ") if "installs into `.venv`" in s), ""),
+            "js": next((s for s in first_run.split(". ") if "JavaScript client's packages" in s), "")}
+    figures = re.compile(r"\(\d+ of them|\d+(?:\.\d+)? (?:to \d+ )?(?:GB|MB|minutes)")
+    for (kind, readme), note in zip(said.items(), (commands[i] for i in notes), strict=True):
+        assert figures.findall(note) and figures.findall(note) == figures.findall(readme), f"{kind}:\n{note}\n{readme}"
+
+
 def test_view_names_its_own_feed_and_frames_carry_their_queue_time_and_no_detect(cli_env: dict[str, str],
                                                                                 tmp_path: Path) -> None:
     """One publishing line (the --publish one) and one for the viewer's feed; a keypoints message's stages begin
