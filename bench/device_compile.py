@@ -211,7 +211,8 @@ def _graph_rows(ctx: Ctx, paths, cases, models, classes, lane, eager_ms, results
                        switched_off=est.switched_off, resolved=est.fastpath.describe(), attention_kernels=kernels)
             results.append(row)
             checks = "; ".join(f"{k} off: {v[:80]}" for k, v in est.switched_off.items()) or "all agreed"
-            ctx.report.table_row([label, f"{task} x{batch}", ms, stats.p95, "-" if base is None else f"{base / ms:.2f}x",
+            speed = "-" if base is None else f"{base / ms:.2f}x"
+            ctx.report.table_row([label, f"{task} x{batch}", ms, stats.p95, speed,
                                   f"{warm_s:.1f}", "-" if compiled_s is None else f"{compiled_s:.1f}", checks,
                                   "-" if kernels is None else f"{kernels['summary']} ({kernels['profiled']})"])
             ctx.report.save()

@@ -6,8 +6,9 @@
 # device_bench.py gets --budget-s 510 (less when the install was slow, so that its budget plus
 # ~25 s for its watchdog and shutdown still ends inside the 540 s): its DEFAULT phases. The device
 # call's 570 s leave 30 s beyond that; with the machine's start (~1 min) one call costs about 10.5
-# of the session's 15 minutes of device time. What failed, or the other phases, in a rerun while
-# the machine is warm: LIMIT_S=200 BUDGET_S=170 bash bench/device_run.sh --phases starts,syncs,...
+# of the session's 15 minutes of device time. What failed, or the other phases (RERUNS in
+# bench/device_bench.py), in a rerun while the machine is warm (timeout_s=250):
+#   LIMIT_S=230 BUDGET_S=200 bash bench/device_run.sh --phases e2e_more
 # Results land in $OUT: device_bench.md (the report, versions included), device_bench.json (every
 # number), device_bench.log (stdout + stderr: tracebacks of failed phases, the watchdog's dumps of
 # every thread of a phase that overran), gpu.txt (the GPU, its driver, and the image's torch).

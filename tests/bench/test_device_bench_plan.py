@@ -103,3 +103,29 @@ def test_the_overlap_figures() -> None:
     assert row["summed_ms"] == 25.5 and row["summed_over_wall"] == 2.55
     assert row["detect_overlap_ms"] == (4 + 9) / 2
     assert row["timeline"] == "upload 0.0-1.0, seg 1.0-11.0, detect 2.0-7.0, pose 7.0-17.0"
+
+
+def test_a_command_the_benchmark_starts_ends_when_its_worker_dies(tmp_path: Path) -> None:
+    """The watchdog ends a worker with os._exit: a CLI run it started must not go on holding the GPU."""
+    import sys
+
+    worker = ("import subprocess, sys, time\n"
+              "from bench.device_cli import guarded\n"
+              "child = subprocess.Popen(guarded(['/bin/sleep', '300']))\n"
+              "time.sleep(1.0)\n"  # the guard has set its parent-death signal and become sleep
+              "print(child.pid, flush=True)\n"
+              "import os; os._exit(0)\n")
+    done = subprocess.run([sys.executable, "-c", worker], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    pid = int(done.stdout.split()[0])
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+        except FileNotFoundError:
+            return  # gone (reaped by init)
+        if state == "Z":
+            return  # ended, waiting for init to reap it
+        time.sleep(0.1)
+    os.kill(pid, 9)
+    pytest.fail(f"the command (pid {pid}) outlived the worker that started it")
