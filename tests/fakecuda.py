@@ -219,7 +219,7 @@ class FakeGpu(FakeCuda):
     a fresh page-locked buffer (NaN, False or 90), as unwritten memory would. A page-locked buffer
     that a copy to the device has not read yet must not be written by the host (AssertionError).
     ``.to("cuda...")`` returns a copy on the CPU. ``log`` records every stream operation in order.
-    Current streams are per thread, as CUDA's are.
+    Current streams and the current device (of ``devices``) are per thread, as CUDA's are.
     """
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -239,6 +239,11 @@ class FakeGpu(FakeCuda):
         monkeypatch.setattr(torch.cuda, "stream", self._use)
         monkeypatch.setattr(torch.cuda, "default_stream", lambda device=None: self.default)
         monkeypatch.setattr(torch.cuda, "synchronize", self._synchronize)
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: self.devices)
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: self.device_index)
+        monkeypatch.setattr(torch.cuda, "set_device", self._set_device)
+        monkeypatch.setattr(torch.cuda, "device", self._on_device)
         real_to, real_copy, real_cpu, real_empty = torch.Tensor.to, torch.Tensor.copy_, torch.Tensor.cpu, torch.empty
 
         def to(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
@@ -298,6 +303,29 @@ class FakeGpu(FakeCuda):
         monkeypatch.setattr(torch.Tensor, "pin_memory", pin_memory)
         monkeypatch.setattr(torch.Tensor, "is_pinned", lambda tensor, device=None: id(tensor) in gpu.pinned)
         monkeypatch.setattr(torch.Tensor, "record_stream", record_stream)
+
+    devices = 2  # cuda:0 and cuda:1
+
+    # CUDA's current device is per thread: every thread starts on device 0.
+    @property
+    def device_index(self) -> int:
+        return getattr(self._local, "device", 0)
+
+    def _set_device(self, device: Any) -> None:
+        index = _cuda_index(device, optional=False)
+        if not 0 <= index < self.devices:
+            raise RuntimeError("CUDA error: invalid device ordinal")
+        self._local.device = index
+        self.log.append(("set_device", index))
+
+    @contextlib.contextmanager
+    def _on_device(self, device: Any) -> Iterator[None]:
+        before = self.device_index
+        self._set_device(_cuda_index(device))
+        try:
+            yield
+        finally:
+            self._local.device = before
 
     # CUDA's current stream is per thread: every thread starts on the default stream.
     @property

@@ -77,7 +77,7 @@ def build_outputs(cfg: RunConfig, stop: threading.Event, several: bool = False) 
             connect = cfg.publish_connect is not None
             publisher = ZmqPublisher(endpoint, connect=connect, jpeg_quality=cfg.jpeg_quality,
                                      curve=curve_for(cfg.curve_dir, connect, cfg.curve_client),
-                                     gpu_jpeg=cfg.gpu_jpeg if cfg.gpu_jpeg is not None else cfg.device != "cpu",
+                                     gpu_jpeg=_gpu_jpeg(cfg),
                                      raw_frames=cfg.publish_raw_frames)
             publisher.bind()
             out.sinks.append(publisher)
@@ -109,6 +109,13 @@ def build_outputs(cfg: RunConfig, stop: threading.Event, several: bool = False) 
         out.close_services()
         raise
     return out
+
+
+def _gpu_jpeg(cfg: RunConfig) -> str | bool:
+    """The device that JPEG-encodes published frames (the run's own: the encoder runs on the sink
+    thread, whose current CUDA device is not the run's), or False: on the CPU."""
+    wanted = cfg.gpu_jpeg if cfg.gpu_jpeg is not None else cfg.device != "cpu"
+    return (cfg.device if cfg.device != "cpu" else "auto") if wanted else False
 
 
 def _metrics(cfg: RunConfig, out: Outputs) -> None:

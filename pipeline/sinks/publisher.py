@@ -99,7 +99,7 @@ class ZmqPublisher:
         status_interval_s: float = 1.0,
         linger_ms: int = 500,
         curve: CurveServerKeys | CurveClientKeys | None = None,
-        gpu_jpeg: bool = False,
+        gpu_jpeg: bool | str = False,  # True: the current CUDA device; a name: that device
         raw_frames: bool = False,
         announce: str = "publishing",
     ) -> None:
@@ -123,7 +123,7 @@ class ZmqPublisher:
         self.status_interval_s = status_interval_s
         self.linger_ms = linger_ms
         self.curve = curve
-        self.jpeg = JpegEncoder(jpeg_quality, "auto" if gpu_jpeg else None)
+        self.jpeg = JpegEncoder(jpeg_quality, gpu_jpeg if isinstance(gpu_jpeg, str) else "auto" if gpu_jpeg else None)
         self.raw_frames = raw_frames  # publish the frame as decoded, without the pipeline's overlays
         self.announce = announce  # what the log line of the bound endpoint says it is
         self.detector: str | None = None  # how persons are found (status messages say it), once the stages are built

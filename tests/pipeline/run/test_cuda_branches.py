@@ -264,6 +264,31 @@ def test_gpu_jpeg_stages_each_size_once_and_copies_on_its_own_stream(gpu: FakeGp
     assert gpu.calls("stream.synchronize") == [("stream.synchronize", own)] * 3
 
 
+def test_gpu_jpeg_encodes_on_the_runs_device_from_the_sink_thread(gpu: FakeGpu) -> None:
+    """pipeline/sinks/jpeg.py for a run on cuda:1: the sink thread's current device is 0 (CUDA's is per
+    thread), so the encoder holds the run's indexed device and makes it current around each encode."""
+    import threading
+
+    from pipeline.sinks.jpeg import JpegEncoder
+
+    encoder = JpegEncoder(90, "cuda:1")
+    assert encoder.device == torch.device("cuda", 1)
+    seen: list = []
+
+    def sink_thread() -> None:
+        seen.append(torch.cuda.current_device())
+        seen.append(encoder.encode(_picture(48, 64, 0)))
+        seen.append(torch.cuda.current_device())
+
+    thread = threading.Thread(target=sink_thread)
+    thread.start()
+    thread.join(60)
+    before, data, after = seen
+    assert before == after == 0 and data is not None and encoder.active
+    assert gpu.calls("set_device") == [("set_device", 1)]  # made current for the encode, then given back
+    assert JpegEncoder(90, "cuda").device == torch.device("cuda", 0)  # "cuda": the current device, indexed
+
+
 def test_gpu_memory_is_read_for_the_runs_device(monkeypatch: pytest.MonkeyPatch) -> None:
     from pipeline.metrics import PipelineMetrics, _gauge_values
 

@@ -285,23 +285,26 @@ def test_gpu_jpeg_without_cuda_takes_the_cpu_path(caplog):
     _assert_same_image(msg.image, result.annotated)
 
 
-@pytest.mark.parametrize("device, gpu_jpeg, active", [("auto", None, True), ("cuda:0", None, True),
-                                                      ("cpu", None, False), ("auto", False, False)])
+@pytest.mark.parametrize("device, gpu_jpeg, active", [("auto", None, "cuda:0"), ("cuda:0", None, "cuda:0"),
+                                                      ("cuda:1", None, "cuda:1"), ("cuda", True, "cuda:0"),
+                                                      ("cpu", None, None), ("auto", False, None)])
 def test_published_frames_are_jpeg_encoded_on_the_gpu_by_default_on_cuda(device, gpu_jpeg, active, monkeypatch):
     """nvJPEG 0.84 ms vs OpenCV 9.4 ms per 1080p frame on an H200: on unless the run is on the CPU or says
-    off. (A CUDA machine stood in for: only whether CUDA is there and a stream are asked of it.)"""
+    off, on the run's own device, indexed (the encoder runs on the sink thread, whose current device is
+    device 0 whatever the run's is). (A machine with two GPUs stood in for: only whether CUDA is there,
+    its devices and a stream are asked of it.)"""
     import threading
 
     from pipeline.sinks.build import build_outputs
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: object())
     cfg = load_config(None, {"publish": "tcp://127.0.0.1:*", "device": device, "gpu_jpeg": gpu_jpeg})
     (publisher,) = build_outputs(cfg, threading.Event()).sinks
     try:
-        assert publisher.jpeg.active is active
-        if active:
-            assert publisher.jpeg.device.type == "cuda"
+        assert publisher.jpeg.device == (None if active is None else torch.device(active))
     finally:
         publisher.close()
 
@@ -316,6 +319,49 @@ def test_torch_encoder_frames_decode_like_cpu_ones():
     assert msg.header["parts"] == [{"name": "image", "encoding": "jpeg", "dtype": "|u1", "shape": [48, 64, 3],
                                     "color": "rgb"}]
     _assert_same_image(msg.image, result.annotated)
+
+
+@pytest.mark.parametrize("fault", ["colours swapped", "another size", "not a JPEG"])
+def test_a_gpu_jpeg_that_disagrees_is_switched_off_and_the_frame_goes_out_right(fault, monkeypatch, caplog):
+    """The first JPEG of each frame size is decoded again and held against the CPU encoder's: a GPU
+    encoder that gets the layout or the colours wrong is switched off with one warning, and that frame
+    (and every later one) is encoded on the CPU."""
+    import torchvision.io
+
+    real = torchvision.io.encode_jpeg
+
+    def wrong(chw, quality=75):
+        if fault == "colours swapped":
+            return real(chw.flip(0).contiguous(), quality=quality)
+        if fault == "another size":
+            return real(chw[:, ::2, ::2].contiguous(), quality=quality)
+        return torch.frombuffer(bytearray(b"\xff\xd8not a jpeg"), dtype=torch.uint8)
+
+    monkeypatch.setattr(torchvision.io, "encode_jpeg", wrong)
+    result = _frame_result()
+    pub = ZmqPublisher("tcp://127.0.0.1:*", jpeg_quality=90)
+    pub.jpeg = JpegEncoder(90, "cpu")
+    with caplog.at_level(logging.WARNING, "pipeline.sinks.jpeg"):
+        msg = _publish_one_frame(pub, result)
+    _assert_same_image(msg.image, result.annotated)
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert warning.startswith("GPU JPEG switched off: its JPEG ") and warning.endswith("on the CPU from now on")
+    assert {"colours swapped": "grey levels off the frame", "another size": "frame decodes to 24x32x3",
+            "not a JPEG": "frame decodes to nothing"}[fault] in warning
+    assert not pub.jpeg.active
+
+
+def test_a_gpu_jpeg_that_agrees_is_checked_once_per_frame_size(monkeypatch):
+    from sapiens2_client import images
+
+    decoded = []
+    real = images.decode_jpeg_rgb
+    monkeypatch.setattr(images, "decode_jpeg_rgb", lambda data: decoded.append(1) or real(data))
+    encoder = JpegEncoder(90, "cpu")
+    for h, w in [(48, 64), (48, 64), (32, 40), (48, 64)]:
+        _assert_same_image(images.decode_jpeg_rgb(encoder.encode(_frame_result(h, w).annotated)),
+                           _frame_result(h, w).annotated)
+    assert encoder.active and len(decoded) == 4 + 2 * 2  # the test's own 4, the check's 2 per size
 
 
 def test_encoder_without_torchvision_jpeg_falls_back(monkeypatch, caplog):
