@@ -433,5 +433,6 @@ def compose_annotators(
         elif name in registered:
             built.append(load(registered[name])())
         else:
-            raise ValueError(f"unknown annotation task {task!r}; choose from {', '.join([*_LAYERS, *registered])}")
+            choices = ", ".join(dict.fromkeys([*_LAYERS, *registered]))
+            raise ValueError(f"unknown annotation task {task!r}; choose from {choices}")
     return Annotator(sorted(built, key=lambda a: a.layer))

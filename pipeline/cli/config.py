@@ -26,7 +26,7 @@ from pipeline.cli.sourcespecs import SourceSpec, name_sources
 from pipeline.mocap.options import MocapFields
 from stages.errors import ConfigError
 from stages.sapiens2.fastpath_options import ATTENTION_NAMES, COMPILE_MODES, CUDA_GRAPHS
-from stages.tasks import TASKS, layers
+from stages.tasks import TASKS, lift_task, person_task
 
 __all__ = ["ConfigError", "RunConfig", "load_config", "merge", "option"]
 
@@ -38,9 +38,13 @@ MAX_FRAGMENT_S = 60.0  # record_fragment_s: a keyframe at least every two minute
 
 
 def annotation_layers() -> tuple[str, ...]:
-    """--annotate's choices, bottom-up: stages.annotate's layers, then those of tasks registered with an
-    annotator of their own (stages.tasks)."""
-    return tuple(dict.fromkeys(["matte", "seg", "boxes", "pose", "side3d", "hud", *layers()]))
+    """--annotate's choices, bottom-up: the layers of the whole-frame tasks (a backdrop first), the persons'
+    boxes, the layers of the tasks on the person crops, the 3D inset and the text (stages.annotate's
+    ``boxes``, ``side3d`` and ``hud``; the tasks' from stages.tasks)."""
+    drawn = [spec for spec in TASKS.values() if spec.layer]
+    frame = sorted((spec for spec in drawn if not spec.per_person), key=lambda spec: not spec.backdrop)
+    return (*[spec.layer for spec in frame], "boxes", *[spec.layer for spec in drawn if spec.per_person],
+            "side3d", "hud")
 
 
 @dataclass
@@ -66,7 +70,8 @@ class RunConfig(MocapFields):  # the motion-capture keys: pipeline/mocap/options
                                        "e.g. tcp://127.0.0.1:5560 (see `sapiens2-stream control`); the run then "
                                        "waits for new sources when all have ended, until SIGINT/SIGTERM")
     # models
-    tasks: list[str] = option(help=f"comma list of {','.join(TASKS)}", factory=lambda: ["pose", "seg"])
+    tasks: list[str] = option(help=f"comma list of {','.join(TASKS)}",
+                              factory=lambda: [name for name, spec in TASKS.items() if spec.default])
     model_size: str = option("0.4b", "Sapiens2 size of the hub checkpoints", choices=["0.4b", "0.8b", "1b", "5b"])
     checkpoints: dict[str, str] = option(help="checkpoint folder, .safetensors file or hub id for a task "
                                               "(repeatable)", flag="checkpoint", parse=parse_checkpoint,
@@ -168,11 +173,18 @@ class RunConfig(MocapFields):  # the motion-capture keys: pipeline/mocap/options
             choices = value.metadata.get("choices")
             if choices and getattr(self, key) not in choices:
                 raise ConfigError(f"{key}: {getattr(self, key)!r} is not one of {', '.join(choices)}")
+        try:
+            person = person_task(self.tasks)
+        except ValueError as exc:
+            raise ConfigError(f"tasks: {exc}") from None
         if self.keypoints3d:
-            if "pose" not in self.tasks:
-                raise ConfigError("keypoints3d: needs the pose task (the 2D keypoints it lifts); add pose to tasks")
-            if "pointmap" not in self.tasks:
-                self.tasks = [*self.tasks, "pointmap"]
+            if person is None:
+                people = " or ".join(name for name, spec in TASKS.items() if spec.per_person)
+                raise ConfigError(f"keypoints3d: needs the {people} task (the 2D keypoints it lifts); add {people} "
+                                  "to tasks")
+            points = lift_task("points")
+            if points not in self.tasks:
+                self.tasks = [*self.tasks, points]
         if not (1 <= self.keypoints3d_window <= 31 and self.keypoints3d_window % 2):
             raise ConfigError(f"keypoints3d_window: must be an odd number within 1..31, got {self.keypoints3d_window}")
         for key, low in (("detect_every", 1), ("max_persons", 1), ("max_frames", 1), ("det_imgsz", 32),

@@ -25,7 +25,7 @@ from sapiens2_client.video import RECORD_SUFFIXES
 from pipeline.cli.config import ConfigError, RunConfig, flag_of
 from pipeline.cli.sourcespecs import SourceSpec, missing_file
 from stages.sapiens2.checkpoint_source import is_hub_id
-from stages.tasks import by_architecture
+from stages.tasks import TASKS, by_architecture, person_task
 
 if TYPE_CHECKING:
     from stages.mocap.camera import Rig
@@ -133,7 +133,8 @@ def preflight(cfg: RunConfig, specs: list[SourceSpec] | None = None, *, check_so
     if cfg.detector == "yolo" and Path(cfg.detector_model).suffix.lower() not in DETECTOR_SUFFIXES:
         raise ConfigError(f"detector_model: {cfg.detector_model!r} is not a model Ultralytics loads; use a "
                           f"{', '.join(DETECTOR_SUFFIXES)} file")
-    if cfg.detector == "yolo" and "pose" in cfg.tasks and cfg.detector_model != RunConfig.detector_model:
+    persons = person_task(cfg.tasks) is not None  # the detector runs for a task on the person crops
+    if cfg.detector == "yolo" and persons and cfg.detector_model != RunConfig.detector_model:
         from stages.detect import DetectorError
         from stages.detect.checkpoint import (
             check_detector_model,  # torch: only for a model of one's own
@@ -205,8 +206,10 @@ def unused_settings(cfg: RunConfig) -> list[str]:
     notes = []
     if cfg.detector_model != RunConfig.detector_model and cfg.detector != "yolo":
         notes.append(f"--detector-model is not used with --detector {cfg.detector}")
-    if cfg.matte_background != RunConfig.matte_background and "matting" not in cfg.tasks:
-        notes.append("--matte-background is not used without the matting task (--tasks ... matting)")
+    for name, spec in TASKS.items():
+        for key in spec.settings:
+            if getattr(cfg, key) != getattr(RunConfig, key) and name not in cfg.tasks:
+                notes.append(f"{flag_of(key)} is not used without the {name} task (--tasks ... {name})")
     for key, flag in (("pointmap_every", "--pointmap-every"), ("keypoints3d_window", "--keypoints3d-window")):
         if getattr(cfg, key) != getattr(RunConfig, key) and not cfg.keypoints3d:
             notes.append(f"{flag} is used only with --keypoints3d")
@@ -215,11 +218,9 @@ def unused_settings(cfg: RunConfig) -> list[str]:
                      "through unsmoothed)")
     if cfg.smooth_beta3d != RunConfig.smooth_beta3d and not (cfg.smooth and cfg.keypoints3d):
         notes.append("--smooth-beta3d is used only with --smooth and --keypoints3d")
-    if "normal" in cfg.tasks:
-        notes.append("the normal task runs, but no output of the pipeline carries surface normals yet (not the "
-                     "stream, the files or the annotated frame); leave it out to save device time")
-    if "pointmap" in cfg.tasks and not cfg.keypoints3d:
-        notes.append("the pointmap task runs, but only --keypoints3d uses its maps; add --keypoints3d or leave it out")
+    for name, spec in TASKS.items():
+        if spec.unused and name in cfg.tasks and not (spec.used_by and getattr(cfg, spec.used_by)):
+            notes.append(spec.unused)
     if cfg.curve_client != RunConfig.curve_client and not (cfg.publish_connect and cfg.curve_dir):
         notes.append("--curve-client is used only with --publish-connect and --curve-dir")
     return notes

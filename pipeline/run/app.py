@@ -26,11 +26,11 @@ from pipeline.sinks import Sink
 from pipeline.sinks.build import Outputs, build_outputs
 from pipeline.sinks.publisher import ZmqPublisher
 from pipeline.sources import Source, SourceError, open_source
-from stages.annotate import MatteAnnotator, SkeletonAnnotator, compose_annotators
+from stages.annotate import compose_annotators
 from stages.keypoints3d import Lift
 from stages.metadata import load_metadata
 from stages.smoothing import KeypointSmoother
-from stages.tasks import layers
+from stages.tasks import TASKS, load, person_task
 from stages.types import FrameResult
 
 log = logging.getLogger("sapiens2_stream")
@@ -252,17 +252,22 @@ def lift_of(cfg: RunConfig) -> Lift | None:
     return Lift(cfg.keypoints3d_window, cfg.kpt_threshold, hips)
 
 
+STYLE_VALUES = {"matte_background": matte_background}  # a setting an annotator takes as something else
+
+
 def _annotation_layers(cfg: RunConfig) -> list:
-    """The configured layers whose task runs, styled from the config (matte background, threshold)."""
-    layer_task = {**layers(), "boxes": "pose"}  # (boxes: the detector runs for pose)
+    """The configured layers whose task runs, styled from the config (``TaskSpec.style``: the matte's
+    background and mode, the skeleton's threshold); the others by name."""
+    by_layer = {spec.layer: spec for spec in TASKS.values() if spec.layer}
     chosen: list = []
     for layer in cfg.annotate:
-        if layer in layer_task and layer_task[layer] not in cfg.tasks or layer == "side3d" and not cfg.keypoints3d:
+        spec = by_layer.get(layer)
+        if spec is not None and spec.name not in cfg.tasks or layer == "side3d" and not cfg.keypoints3d \
+                or layer == "boxes" and person_task(cfg.tasks) is None:  # (boxes: the detector runs for it)
             continue
-        if layer == "matte":
-            chosen.append(MatteAnnotator(matte_background(cfg.matte_background), cfg.matte_mode))
-        elif layer == "pose":
-            chosen.append(SkeletonAnnotator(threshold=cfg.kpt_threshold))
+        if spec is not None and spec.style:
+            style = {word: STYLE_VALUES.get(key, lambda v: v)(getattr(cfg, key)) for word, key in spec.style}
+            chosen.append(load(spec.annotator)(**style))
         else:
             chosen.append(layer)
     return chosen

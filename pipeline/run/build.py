@@ -27,7 +27,7 @@ from stages.sapiens2.weights import (
     load_model,
     locate,
 )
-from stages.tasks import TASKS
+from stages.tasks import TASKS, person_task
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +155,7 @@ def build_detector(cfg: RunConfig, device: torch.device, notes: list[str]) -> De
     """YOLO restricted to people (or the whole frame). Only the default model name, when it cannot be
     downloaded and ``fallback_tiny`` is on, falls back to the full frame; a model the user named
     that cannot be had is an error."""
-    if cfg.detector == "full-frame" or "pose" not in cfg.tasks:
+    if cfg.detector == "full-frame" or person_task(cfg.tasks) is None:  # no task runs on person crops
         return FullFrameDetector()
     try:
         return PersonDetector(cfg.detector_model, conf=cfg.det_conf, iou=cfg.det_iou, max_persons=cfg.max_persons,

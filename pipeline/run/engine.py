@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from pipeline.run.build import Stages
-from pipeline.run.fallback import MAPS_3D, PrecisionFallback
+from pipeline.run.fallback import PrecisionFallback
 from pipeline.run.step import Carry, Clock, FrameInFlight, Pending, SourceState
 from pipeline.run.streams import Streams, all_finite
 from stages.detect.tracking import ByteTracker, carry_boxes
@@ -32,7 +32,7 @@ from stages.keypoints3d import Lift, lift, smooth3d
 from stages.sapiens2.graphs import warming_up
 from stages.sapiens2.preprocess import to_device_image, upload
 from stages.smoothing import KeypointSmoother
-from stages.tasks import TASKS
+from stages.tasks import TASKS, lift_task, person_task
 from stages.types import Detections, Frame, FrameResult, Keypoints, Keypoints3D
 
 log = logging.getLogger(__name__)
@@ -61,11 +61,16 @@ class FrameEngine(PrecisionFallback):
         self.track = track
         self._smoother_template = smoother  # copied per source (its parameters, not its state)
         self.beta3d = beta3d  # the 3D smoother's speed coefficient (per unit/s of the map; 2D's is per pixel/s)
-        if keypoints3d is not None and not {"pose", "pointmap"} <= set(stages.estimators):
-            raise ValueError("keypoints3d needs the pose and pointmap stages")
+        self.person = person_task(stages.estimators)  # the task run on the person crops: its keypoints
+        self.every = next((t for t in stages.estimators if TASKS[t].every), None)  # runs every pointmap_every-th frame
+        points = next((t for t in stages.estimators if TASKS[t].lift == "points"), None)  # what the 3D step samples
+        if keypoints3d is not None and (self.person is None or points is None):
+            people = ", ".join(t for t, spec in TASKS.items() if spec.per_person)
+            raise ValueError(f"keypoints3d needs a stage run on the person crops ({people}) and one whose map is "
+                             f"the points ({lift_task('points')})")
         self.keypoints3d = keypoints3d
         # metric 3D when the pointmap model divides by its predicted scale; canonical camera space otherwise
-        self.metric3d = keypoints3d is not None and bool(stages.estimators["pointmap"].model.cfg.head.has_scale)
+        self.metric3d = keypoints3d is not None and bool(stages.estimators[points].model.cfg.head.has_scale)
         self.pointmap_every = max(1, pointmap_every)
         self.sources: dict[str, SourceState] = {}
         self.on_precision_change: Callable[[], None] | None = None  # after a float16 -> bfloat16 fallback
@@ -169,8 +174,8 @@ class FrameEngine(PrecisionFallback):
             self._detect(works, uploaded)
         if getattr(self.stages.detector, "kind", None) != "full-frame":  # no detector runs: no time to show
             pending.host_ms["detect"] = (time.perf_counter() - t0) * 1000.0
-        if "pose" in self.stages.estimators and any(len(w.detections) for w in works):
-            self._pose(pending, uploaded)
+        if self.person is not None and any(len(w.detections) for w in works):
+            self._persons(pending, uploaded)
         return pending
 
     def _dense(self, pending: Pending, task: str, stream_name: str, uploaded, redo: bool = False) -> None:
@@ -178,7 +183,7 @@ class FrameEngine(PrecisionFallback):
         with self.streams.use(stream_name):
             for work in pending.frames:
                 self.streams.after(uploaded, stream_name, work.image)
-            if task != "pointmap":
+            if task != self.every:
                 due = list(pending.frames)
             elif redo:  # the same frames as the first time (the counters have moved on already)
                 due = [w for w in pending.frames if w.pointmap_due]
@@ -195,17 +200,17 @@ class FrameEngine(PrecisionFallback):
             for work, outputs in zip(due, per_frame):
                 before = work.maps.get(task)
                 for name, tensor in outputs.items():
-                    if name in MAPS_3D:
+                    if name == task and TASKS[task].lift is not None:
                         work.maps[name] = tensor
                     self.streams.download(pending, work.outputs, name, tensor, stream_name)
                 state = self.state(work.frame.source_id)
-                if task == "pointmap" and (not redo or state.pointmap is before):  # not if a later step's is kept
-                    state.pointmap, state.pointmap_host = outputs["pointmap"], work.outputs["pointmap"]
-            if task == "pointmap" and not redo:  # between pointmap frames: the map (and host copy) kept from the last
+                if task == self.every and (not redo or state.pointmap is before):  # not if a later step's is kept
+                    state.pointmap, state.pointmap_host = outputs[task], work.outputs[task]
+            if task == self.every and not redo:  # between its frames: the map (and host copy) kept from the last
                 for work in pending.frames:
                     if not work.pointmap_due:
                         state = self.state(work.frame.source_id)
-                        work.maps["pointmap"], work.outputs["pointmap"] = state.pointmap, state.pointmap_host
+                        work.maps[task], work.outputs[task] = state.pointmap, state.pointmap_host
             if self.cuda:
                 pending.dense_done.append(self.streams.event(stream_name))
 
@@ -248,11 +253,13 @@ class FrameEngine(PrecisionFallback):
             tracker = self.state(work.frame.source_id).tracker
             work.detections = detections if tracker is None else tracker.update(detections, work.frame.image)
 
-    def _pose(self, pending: Pending, uploaded, redo: bool = False) -> None:
-        pose = self.stages.estimators["pose"]
-        with self.streams.use("pose"):
-            self.streams.after(uploaded, "pose", *(w.image for w in pending.frames))
-            pending.clock.start("pose", self.streams.get("pose"))
+    def _persons(self, pending: Pending, uploaded, redo: bool = False) -> None:
+        """The person task on every person of the step, in one forward; its keypoints in ``<task>.xy`` ...."""
+        task = self.person
+        estimator, lane = self.stages.estimators[task], TASKS[task].stream
+        with self.streams.use(lane):
+            self.streams.after(uploaded, lane, *(w.image for w in pending.frames))
+            pending.clock.start(task, self.streams.get(lane))
             wh, start = [], 0
             with_persons = [w for w in pending.frames if len(w.detections)]
             for work in pending.frames:
@@ -267,13 +274,13 @@ class FrameEngine(PrecisionFallback):
                     wh.append(upload(np.tile(np.float32([work.frame.width, work.frame.height]), (n, 1)),
                                      self.device, self.pinned, self._staging))
             boxes_t, wh_t = torch.cat([w.boxes for w in with_persons]), torch.cat(wh)  # (P, 4), (P, 2)
-            xy, scores, checked = pose.run_batch([w.image for w in with_persons], [w.boxes for w in with_persons])
+            xy, scores, checked = estimator.run_batch([w.image for w in with_persons], [w.boxes for w in with_persons])
             # Checked before the clamp below, which would turn an Inf into the image's edge.
             finite = all_finite(checked)
             # Crops extend 25% beyond the box, so the model may place a keypoint off-image; the
             # stream's consumers get in-frame coordinates (the score says how sure it is).
             xy = torch.minimum(xy.clamp(min=0.0), (wh_t - 1.0)[:, None, :])  # (P, K, 2)
-            pending.clock.stop("pose", self.streams.get("pose"))
+            pending.clock.stop(task, self.streams.get(lane))
             if self.detect_every > 1 and not redo:  # a redo's boxes are older than the carry of the next step
                 carried = carry_boxes(xy, scores, self.kpt_threshold, wh_t, boxes_t)  # (P, 4), on the device
                 for work in pending.frames:
@@ -281,30 +288,30 @@ class FrameEngine(PrecisionFallback):
                         state = self.state(work.frame.source_id)
                         state.carry = Carry(carried[work.persons], work.detections.scores,
                                             work.detections.track_ids)
-            self.streams.download(pending, pending.outputs, "pose.finite", finite, "pose")
-            self.streams.download(pending, pending.outputs, "pose.xy", xy, "pose")
-            self.streams.download(pending, pending.outputs, "pose.scores", scores, "pose")
-            self.streams.download(pending, pending.outputs, "pose.boxes", boxes_t, "pose")
+            for name, tensor in (("finite", finite), ("xy", xy), ("scores", scores), ("boxes", boxes_t)):
+                self.streams.download(pending, pending.outputs, f"{task}.{name}", tensor, lane)
             if self.keypoints3d is not None:
                 self._lift(pending, with_persons, xy, scores)
 
     def _lift(self, pending: Pending, works: list[FrameInFlight], xy: Tensor, scores: Tensor) -> None:
-        """Sample each frame's pointmap at its persons' keypoints (on the pose stream, after the
-        step's dense stages), one frame at a time (frames may differ in size)."""
-        self.streams.after_all(pending.dense_done, "pose")
-        pending.clock.start("keypoints3d", self.streams.get("pose"))
+        """Sample each frame's points map at its persons' keypoints (on the person task's stream, after
+        the step's dense stages), one frame at a time (frames may differ in size)."""
+        task = self.person
+        lane = TASKS[task].stream
+        self.streams.after_all(pending.dense_done, lane)
+        pending.clock.start("keypoints3d", self.streams.get(lane))
         background = int(self.stages.background_id)
         parts = []
         for work in works:
             rows = work.persons
-            maps = work.maps
-            self.streams.in_use("pose", *maps.values())
-            parts.append(lift(maps["pointmap"], xy[rows], scores[rows], self.keypoints3d, maps.get("seg"),
-                              maps.get("matting"), background))
+            self.streams.in_use(lane, *work.maps.values())
+            maps = {TASKS[name].lift: m for name, m in work.maps.items()}  # points, classes, alpha
+            parts.append(lift(maps["points"], xy[rows], scores[rows], self.keypoints3d, maps.get("classes"),
+                              maps.get("alpha"), background))
         xyz, valid, root, root_valid = (torch.cat(t) for t in zip(*parts))
-        pending.clock.stop("keypoints3d", self.streams.get("pose"))
+        pending.clock.stop("keypoints3d", self.streams.get(lane))
         for name, tensor in (("xyz", xyz), ("xyz_valid", valid), ("root", root), ("root_valid", root_valid)):
-            self.streams.download(pending, pending.outputs, f"pose.{name}", tensor, "pose")
+            self.streams.download(pending, pending.outputs, f"{task}.{name}", tensor, lane)
 
     # -- finishing ------------------------------------------------------------------------
     def finish_batch(self, pending: Pending, random_weights: bool) -> list[FrameResult]:
@@ -329,15 +336,16 @@ class FrameEngine(PrecisionFallback):
                     smoother.reset()
         out = {k: v.numpy() for k, v in work.outputs.items()}
         keypoints = keypoints3d = None
-        if "pose" in self.stages.estimators:
-            num_keypoints = self.stages.estimators["pose"].model.cfg.num_labels
-            if len(det) and "pose.xy" in host:
-                xy, scores = host["pose.xy"][work.persons], host["pose.scores"][work.persons]
-                det = Detections(host["pose.boxes"][work.persons], det.scores, det.track_ids)
+        if self.person is not None:
+            num_keypoints = self.stages.estimators[self.person].model.cfg.num_labels
+            key = f"{self.person}."
+            if len(det) and key + "xy" in host:
+                xy, scores = host[key + "xy"][work.persons], host[key + "scores"][work.persons]
+                det = Detections(host[key + "boxes"][work.persons], det.scores, det.track_ids)
                 if state.smoother is not None:
                     xy = state.smoother(xy, det.track_ids, frame.clock_s)
                 keypoints = Keypoints(xy, scores)
-                if "pose.xyz" in host:
+                if key + "xyz" in host:
                     keypoints3d = self._keypoints3d(host, work, state, det, frame)
             else:
                 keypoints = Keypoints.empty(num_keypoints)
@@ -351,15 +359,15 @@ class FrameEngine(PrecisionFallback):
                     maps[task] = est.result(out)
                 else:
                     fields[spec.result] = est.result(out)
-        latency = {k: v for k, v in latency.items() if k != "pointmap" or work.pointmap_due}  # ran for this frame
+        latency = {k: v for k, v in latency.items() if k != self.every or work.pointmap_due}  # ran for this frame
         return FrameResult(frame=frame, detections=det, keypoints=keypoints, keypoints3d=keypoints3d, maps=maps,
                            latency_ms=latency, random_weights=random_weights, **fields)
 
     def _keypoints3d(self, host: dict[str, np.ndarray], work: FrameInFlight, state: SourceState, det: Detections,
                      frame: Frame) -> Keypoints3D:
-        rows = work.persons
-        xyz, valid = host["pose.xyz"][rows], host["pose.xyz_valid"][rows].astype(bool)
-        root, root_valid = host["pose.root"][rows], host["pose.root_valid"][rows].astype(bool)
+        rows, key = work.persons, f"{self.person}."
+        xyz, valid = host[key + "xyz"][rows], host[key + "xyz_valid"][rows].astype(bool)
+        root, root_valid = host[key + "root"][rows], host[key + "root_valid"][rows].astype(bool)
         if state.smoother3d is not None:
             xyz, valid, root, root_valid = smooth3d(state.smoother3d, xyz, valid, det.track_ids, frame.clock_s,
                                                     self.keypoints3d.hips)

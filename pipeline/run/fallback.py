@@ -1,8 +1,8 @@
 """The engine's answer to non-finite outputs: a float16 stage falls back to bfloat16 and its step is
 computed again; in other dtypes, or when bfloat16 does not help, NonFiniteOutputError stops the run.
 
-A mixin of FrameEngine (pipeline.run.engine), which provides the stages, lanes and the ``_pose``,
-``_dense`` and ``_lift`` steps it calls again.
+A mixin of FrameEngine (pipeline.run.engine), which provides the stages, lanes, the person task and the
+``_persons``, ``_dense`` and ``_lift`` steps it calls again.
 """
 
 from __future__ import annotations
@@ -16,8 +16,6 @@ from stages.sapiens2.estimators import NonFiniteOutputError
 from stages.tasks import TASKS
 
 log = logging.getLogger("pipeline.run.engine")  # the engine's own messages, whichever module says them
-
-MAPS_3D = ("pointmap", "seg", "matting")  # the device maps the 3D step reads (segmentation/matte: on the person)
 
 
 class PrecisionFallback:
@@ -42,14 +40,15 @@ class PrecisionFallback:
             redo = Pending(pending.frames, Clock(self.device))
             with torch.inference_mode():
                 if TASKS[task].per_person:
-                    self._pose(redo, None, redo=True)
+                    self._persons(redo, None, redo=True)
                 else:
                     self._dense(redo, task, TASKS[task].stream, None, redo=True)
-                    if self.keypoints3d is not None and task in MAPS_3D and "pose.xy" in pending.outputs:
+                    key = f"{self.person}."
+                    if self.keypoints3d is not None and TASKS[task].lift is not None and key + "xy" in pending.outputs:
                         redo.wait()  # the 3D step again, on the new maps and this step's keypoints
                         with_persons = [w for w in pending.frames if len(w.detections)]
-                        with self.streams.use("pose"):  # allocated on the stream that uses them
-                            xy, scores = (pending.outputs[k].to(self.device) for k in ("pose.xy", "pose.scores"))
+                        with self.streams.use(TASKS[self.person].stream):  # allocated on the stream that uses them
+                            xy, scores = (pending.outputs[key + k].to(self.device) for k in ("xy", "scores"))
                             self._lift(redo, with_persons, xy, scores)
             redo.wait()
             if not bool(redo.outputs[name]):

@@ -87,7 +87,7 @@ class FrameInFlight:
     boxes: Tensor | None = None  # (N, 4) the boxes pose ran on, on the device
     persons: slice = field(default_factory=lambda: slice(0, 0))  # this frame's rows in the step's person batch
     outputs: dict[str, Tensor] = field(default_factory=dict)  # host (pinned) tensors of the dense stages
-    maps: dict[str, Tensor] = field(default_factory=dict)  # device maps the 3D step reads (MAPS_3D)
+    maps: dict[str, Tensor] = field(default_factory=dict)  # device maps the 3D step reads (TaskSpec.lift)
     pointmap_due: bool = False  # this step runs the frame's pointmap forward (else: its source's last map)
 
 

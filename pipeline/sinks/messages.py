@@ -14,7 +14,8 @@ import numpy as np
 from sapiens2_client import wire
 
 from stages.mocap.fuse import WorldFrame
-from stages.types import FrameResult, StreamInfo
+from stages.tasks import TASKS
+from stages.types import FrameResult, Matte, StreamInfo
 
 RIG_ID = "rig"  # the world topic's source id: world.rig
 
@@ -33,9 +34,10 @@ def frame_meta(result: FrameResult, source_id: str, drops: dict[str, int], rando
 
 def frame_messages(result: FrameResult, meta: wire.FrameMeta, kinds: Collection[str],
                    raw_frames: bool) -> list[Message]:
-    """The messages of one frame of the kinds asked for, in the order they are sent; seg and matte
-    only when the frame has them. The frame message's picture is a ``jpeg`` part of the image as it
-    is (the annotated one unless raw_frames): the publisher may encode it on the GPU instead."""
+    """The messages of one frame of the kinds asked for, in the order they are sent; a task's
+    (``TaskSpec.message``: seg, matte) only when the frame has its result. The frame message's picture
+    is a ``jpeg`` part of the image as it is (the annotated one unless raw_frames): the publisher may
+    encode it on the GPU instead."""
     fields = wire.meta_fields(meta)
     out: list[Message] = []
     if "keypoints" in kinds:
@@ -47,12 +49,27 @@ def frame_messages(result: FrameResult, meta: wire.FrameMeta, kinds: Collection[
         annotated = result.annotated is not None and not raw_frames
         image = result.annotated if annotated else result.frame.image
         out.append(("frame", {**fields, "annotated": annotated}, [wire.Part("image", image, "jpeg")]))
-    if "seg" in kinds and result.seg is not None:
-        out.append(("seg", fields, [wire.Part("classes", result.seg, "png")]))
-    if "matte" in kinds and result.matte is not None:
-        alpha = np.clip(np.rint(result.matte.alpha * 255.0), 0, 255).astype(np.uint8)  # (H, W)
-        out.append(("matte", {**fields, "alpha_scale": 255}, [wire.Part("alpha", alpha, "png")]))
+    for spec in TASKS.values():
+        if spec.message not in kinds:
+            continue
+        value = result.maps.get(spec.name) if spec.result is None else getattr(result, spec.result)
+        if value is not None:
+            extra, parts = TASK_MESSAGES[spec.message](value)
+            out.append((spec.message, {**fields, **extra}, parts))
     return out
+
+
+def _classes(seg: np.ndarray) -> tuple[dict[str, Any], list[wire.Part]]:
+    return {}, [wire.Part("classes", seg, "png")]  # (H, W) uint8 class ids
+
+
+def _alpha(matte: Matte) -> tuple[dict[str, Any], list[wire.Part]]:
+    alpha = np.clip(np.rint(matte.alpha * 255.0), 0, 255).astype(np.uint8)  # (H, W)
+    return {"alpha_scale": 255}, [wire.Part("alpha", alpha, "png")]
+
+
+# wire kind -> a task result's header fields (beside the frame's) and parts, for the tasks published as it
+TASK_MESSAGES = {"seg": _classes, "matte": _alpha}
 
 
 def _keypoint_parts(result: FrameResult) -> list[wire.Part]:

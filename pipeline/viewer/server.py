@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 
 STATIC = {"viewer.js": "text/javascript", "world3d.js": "text/javascript", "viewer.css": "text/css",
           "sapiens2-client.browser.js": "text/javascript"}
-PAGE_TOPICS = ("keypoints", "frame", "seg", "matte", "world")
+PAGE_TOPICS = tuple(kind for kind in wire.KINDS if kind != "status")  # shown while watched; status: always
 PICTURE_KINDS = frozenset(wire.IMAGE_KINDS)  # sent to a browser for the source it shows only
 CLOSE_TIMEOUT_S = 2.0
 Watcher = Callable[[str, dict[str, Any]], None]  # (kind, validated header) of every accepted message

@@ -98,7 +98,8 @@ def make_tiny(folder: str | Path, task: str, seed: int = 0, **arch: int) -> Path
 
     cfg = tiny_config(task, **arch)
     model = random_init(Sapiens2(cfg), seed)
-    flip = load_metadata().flip_pairs.tolist() if task == "pose" else None
+    meta = load_metadata()  # the flip pairs of the metadata's keypoints: for a person task that predicts them
+    flip = meta.flip_pairs.tolist() if get_task(task).per_person and cfg.num_labels == meta.num_keypoints else None
     return write_checkpoint(model, folder, flip)
 
 

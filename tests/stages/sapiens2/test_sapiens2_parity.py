@@ -9,6 +9,7 @@ from transformers import Sapiens2ImageProcessor
 
 from stages.sapiens2 import load_model
 from stages.sapiens2.estimators import MattingEstimator, NormalEstimator, PointmapEstimator, PoseEstimator, Segmenter
+from stages.tasks import TASKS
 from tests.refutil import reference_model
 
 ARCHS = {
@@ -27,7 +28,7 @@ def _ref_output(task, out):
             "matting": None if task != "matting" else torch.cat([out.foregrounds, out.alphas], 1)}[task]
 
 
-@pytest.mark.parametrize("task", ["pose", "seg", "matting", "normal", "pointmap"])
+@pytest.mark.parametrize("task", list(TASKS))
 @pytest.mark.parametrize("arch", list(ARCHS))
 def test_forward_matches_reference(tmp_path, task, arch):
     ref = reference_model(task, **ARCHS[arch])
@@ -39,7 +40,7 @@ def test_forward_matches_reference(tmp_path, task, arch):
         ours, scale = load_model(tmp_path, device="cpu", dtype="float32")(x)
     # fused q/k/v, RMSNorm and RoPE reorder float32 sums only: within 1e-5 of the output's scale
     assert (ours - expected).abs().max().item() <= 1e-5 * expected.abs().max().item(), (task, arch)
-    if task == "pointmap":
+    if TASKS[task].scale_head:
         assert torch.allclose(scale, ref(x).scales, rtol=0, atol=1e-5 * ref(x).scales.abs().max().item())
 
 
