@@ -1,21 +1,15 @@
-"""Where finished frames go. Every sink of a run is built in ``pipeline.sinks.build.build_outputs``.
+"""Where finished frames go; every sink of a run is built by ``pipeline.sinks.build.build_outputs``.
 
-The protocol: ``open(info)`` once per source with that stream's facts; ``write(result)`` for every
-finished FrameResult, in order, from one thread; ``close()`` always (in a ``finally``, after an
-error too). Optional: ``write_world(world)`` (a motion-capture step), ``event(record)`` (a source's
-health changed), ``close_source(source_id)`` (a source ended or was removed), ``uses_image`` (it
-needs the annotated picture), and ``path`` with ``frames_written`` or ``lines_written`` (the run's
-summary names the file). ``PerSource`` gives each source a sink of its own (one recording per camera).
+The protocol: ``open(info)`` once per source; ``write(result)`` for every finished FrameResult, in
+order, from one thread; ``close()`` always, in a ``finally``. Optional: ``write_world(world)`` (a
+motion-capture step), ``event(record)`` (a source's health changed), ``close_source(source_id)``,
+``uses_image`` (it needs the annotated picture), ``path`` with ``frames_written`` or ``lines_written``
+(named in the run's summary). ``PerSource`` gives each source a sink of its own.
 
-What each keeps when the process dies (SIGKILL, a full disk) before ``close``:
-
-- ``VideoRecorder`` (``--record``, recorder.py): a playable file of all but the last
-  ``--record-fragment-s`` (and the frames queued for the encoder).
-- ``KeypointWriter`` (``--save-keypoints``, jsonl.py), ``WorldWriter`` (``--save-world``, world.py):
-  every whole line; a write cut short (full disk) is cut back to the last whole one.
-- ``TrcExport`` (``--export-trc``, trc.py): no TRC (it is written at close); its world spool as above.
-- ``ZmqPublisher`` (``--publish``, the ``--view`` feed), ``PreviewWindow`` (``--show``), ``MetricsSink``
-  (``--metrics``): nothing to keep.
+What each keeps when the process dies before ``close``: ``VideoRecorder`` a playable file of all but
+the last ``--record-fragment-s`` and its queue; ``KeypointWriter`` and ``WorldWriter`` every whole line (a write cut
+short is cut back to the last whole one); ``TrcExport`` no TRC (written at close), its world spool
+as above; ``ZmqPublisher``, ``PreviewWindow`` and ``MetricsSink`` nothing to keep.
 """
 
 from __future__ import annotations

@@ -1,20 +1,16 @@
 """The live viewer: a web page that shows what a pipeline publishes, for any browser on the network.
 
-``ViewServer`` subscribes to one or more publishers (or a broker) and serves, with aiohttp:
+``ViewServer`` subscribes to publishers (or a broker) and serves with aiohttp: ``/`` and ``/static/<file>``
+(the page, its script and style and the JavaScript client's browser build, from package data only, no
+listing), ``/metadata.json`` (skeleton, keypoint groups, segmentation palette) and ``/ws``, a WebSocket of
+the wire messages as they came (header checked, never decoded), each framed by ``pack``.
 
-    /                 the page (static files from package data only; no directory listing)
-    /static/<file>    the page's script, style and the JavaScript client's browser build
-    /metadata.json    skeleton, keypoint groups and the segmentation palette the page draws with
-    /ws               a WebSocket of wire messages, each packed as the JavaScript client's
-                      ``unpackFrames`` reads it (uint32 LE frame count, then length + bytes per frame)
-
-Messages are forwarded as they came (header checked, never decoded or re-encoded). Each browser gets
-only the newest message of each topic (what it skipped is counted): the pictures of the one source it
-picks (``{"source": "cam0"}`` on the WebSocket; all until then), the keypoints and status of every
-source and the world steps of every rig. Topics other than ``status`` are subscribed only while watched.
-Loopback by default; with ``--view-token`` the page, its WebSocket and its figures need the token
-(``?token=`` or ``X-View-Token``; the static script and tables are public); requests a page of another
-site makes a browser send are refused (``net.http``).
+Each browser gets only the newest message of each topic (what it skipped is counted): the pictures of the
+source it picks (``{"source": "cam0"}``; all until then), the keypoints and status of every source and
+every rig's world steps; a topic other than ``status`` is subscribed only while watched. Loopback by
+default; with ``--view-token`` the page, its WebSocket and figures need the token (``?token=`` or
+``X-View-Token``; the static script and tables are public); requests a page of another site makes a
+browser send are refused (``net.http``).
 """
 
 from __future__ import annotations
