@@ -115,7 +115,8 @@ PHASES: list[Phase] = [
           "by kind at pose x8, ours vs the reference"),
     Phase("sources", phase_sources, 20, 60, "1/2/4/8 1080p sources batched through one engine, pose 0.4B"),
     Phase("e2e_more", phase_e2e_more, sum(r.estimate_s for r in MORE_ROWS), 210, f"the real command on the demo "
-          f"clip: {len(MORE_ROWS)} more runs (full frame: pose + seg at 1 and 4 sources, pose, seg)"),
+          f"clip: {len(MORE_ROWS)} more runs (--compile default until it switched; full frame: pose + seg at 1 and 4 "
+          "sources, pose, seg)"),
     Phase("starts", phase_starts, 60, 150, "first and second start of a compiled run (pose x1, a process each)"),
     Phase("syncs", phase_syncs, 10, 40, "host syncs in 3 engine submits"),
     Phase("compile", phase_compile, 45, 100, "pose x4 compiled in the background on its lane, then 2 x 30 steps: "

@@ -4,7 +4,9 @@ by a ZeroMQ subscriber in this process (``e2e``: the rows that answer the issue'
 the others), and the first and second start of a compiled run (``starts``).
 
 Rows: pose, seg, pose + seg; full-frame and the YOLO detector (random weights: its cost is real, its
-boxes are not); 1 and 4 sources; a live-paced row (``--realtime``) for the latency a camera sees.
+boxes are not); 1 and 4 sources; a live-paced row (``--realtime``) for the latency a camera sees; a
+``--compile default`` row on the demo clip looped (``loop:``, an H.264 file of its first 3 s), stopped
+once every stage switched to its compiled forward: when each did, and the FPS before and after.
 Per row: frames per second (keypoint messages received, first 10% dropped), capture -> receive
 latency p50/p95 (a file source's frames wait in its 8-frame queue: the paced row is the camera's
 figure), the warm-up seconds the run logged, the fast paths it switched off, its exit status. Each
@@ -15,6 +17,7 @@ phase on the GPU).
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import signal
@@ -45,6 +48,7 @@ class Row:
     sources: int
     estimate_s: float
     answers: str = ""  # the target it answers
+    until_compiled: bool = False  # the demo clip looped, the run stopped once every stage runs compiled
 
 
 YOLO, FULL = ("--detector-model", "yolo11n.yaml"), ("--detector", "full-frame")
@@ -55,6 +59,12 @@ TARGET_ROWS = (  # phase e2e: the rows that answer a target, those of the defaul
         "one person: p95 <= 50 ms, as a camera sees it"),
 )
 MORE_ROWS = (  # phase e2e_more
+    # One person (full frame), so --max-persons 1: the compile queue holds the shapes the run uses (pose x1, seg
+    # x1), not the pose buckets 2/4/8 that a full frame never reaches. Compiled in 10-15 s a shape from the run's
+    # Inductor cache, which the graphs phase filled with the same shapes; 35-40 s a shape without (the row then
+    # ends at its limit if it must: the switches seen so far are its figures).
+    Row("pose + seg, full frame, --compile default", "pose,seg", (*FULL, "--compile", "default", "--max-persons", "1"),
+        1, 45, "compile a user can afford: when each shape switched, FPS before and after", until_compiled=True),
     Row("pose + seg, full frame", "pose,seg", FULL, 1, 22),
     Row("pose + seg, full frame, 4 sources", "pose,seg", FULL, 4, 40),
     Row("pose, full frame", "pose", FULL, 1, 17),
@@ -64,6 +74,8 @@ MORE_ROWS = (  # phase e2e_more
 # command with other flags); the rest are listed as not run.
 SMOKE_ROWS = ("pose, YOLO11n, 4 sources", "pose, full frame")
 ROW_LIMIT = 2.5  # a row is stopped after this many times its estimate (or at the phase's end)
+# A --compile row goes on this long, and for this many keypoint messages, after its last stage switched.
+AFTER_SWITCH_S, AFTER_SWITCH_MESSAGES = 5.0, 60
 
 
 def _free_port() -> int:
@@ -111,12 +123,12 @@ def guarded(argv: list[str]) -> list[str]:
     return [sys.executable, "-c", _GUARD, str(os.getpid()), *argv]
 
 
-def _command(ctx: Ctx, row: Row, endpoint: str) -> list[str]:
+def _command(ctx: Ctx, row: Row, endpoint: str, clip: Path | None = None) -> list[str]:
     argv = [sys.executable, "-m", "pipeline.cli.main", "--device", str(ctx.device), "--no-progress", "--tasks",
             row.tasks, "--publish", endpoint, *row.flags]
     for task in row.tasks.split(","):
         argv += ["--checkpoint", f"{task}={ctx.ckpt(task)}"]
-    source = "demo"
+    source = "demo" if clip is None else f"loop:{clip}"
     argv += ["--source", source] if row.sources == 1 else \
         [a for i in range(row.sources) for a in ("--source", f"c{i}={source}")]
     if ctx.smoke:
@@ -148,16 +160,111 @@ def rate(stamps_ns: list[int], sources: int = 1) -> float | None:
     return (len(stamps_ns) - 1) / ((stamps_ns[-1] - stamps_ns[0]) / 1e9) / sources
 
 
+def write_demo_clip(path: Path, frames: int = 90) -> Path:
+    """The demo clip's first ``frames`` frames (1280x720, 30 fps: both of its photos at 90) as an H.264 file,
+    for a ``loop:`` source: a run as long as the benchmark wants."""
+    import av
+
+    from pipeline.sources.demo import DemoReader
+
+    reader = DemoReader(seconds=frames / 30.0)
+    with av.open(str(path), "w") as out:
+        stream = out.add_stream("libx264", rate=30, options={"preset": "veryfast", "crf": "23"})
+        stream.width, stream.height, stream.pix_fmt = reader.width, reader.height, "yuv420p"
+        while (raw := reader.read()) is not None:
+            picture = av.VideoFrame.from_ndarray(raw.image, format="rgb24")
+            picture.pts = raw.pts
+            for packet in stream.encode(picture):
+                out.mux(packet)
+        for packet in stream.encode(None):
+            out.mux(packet)
+    return path
+
+
+_IN_USE = re.compile(r"(\w+): compiled forward in use for input ([\dx]+) \(compiled in ([\d.]+) s, ([\d.]+) s after "
+                     r"start-up")
+_COMPILED = re.compile(r"(\w+): input ([\dx]+) compiled in ([\d.]+) s(, from the kept cache)?")
+
+
+def compile_events(lines: list[tuple[int, str]], started_ns: int) -> dict[str, Any]:
+    """What a --compile run's log says of its compiles: each shape compiled (seconds, from the kept cache?),
+    each switch to a compiled forward (``at_s``: seconds since the command started, ``stamp_ns``: when the
+    line came), and each stage whose compile was switched off (its log line)."""
+    compiled, switches, off = [], [], {}
+    for stamp, line in lines:
+        if (m := _IN_USE.search(line)) is not None:
+            switches.append(dict(task=m[1], shape=m[2], compile_s=float(m[3]), after_compile_start_s=float(m[4]),
+                                 at_s=round((stamp - started_ns) / 1e9, 1), stamp_ns=stamp))
+        elif (m := _COMPILED.search(line)) is not None:
+            compiled.append(dict(task=m[1], shape=m[2], seconds=float(m[3]), from_cache=m[4] is not None,
+                                 at_s=round((stamp - started_ns) / 1e9, 1)))
+        elif (m := _OFF.search(line)) is not None and m[2] == "compile":
+            off[m[1]] = (stamp, line)
+    return dict(compiled=compiled, switches=switches, off=off)
+
+
+def switched_all(tasks: list[str], lines: list[tuple[int, str]], received: list[tuple[int, int, str]],
+                 now_ns: int) -> bool:
+    """Whether a --compile run has what it is run for: every stage switched to its compiled forward (or had
+    compile switched off), then AFTER_SWITCH_S seconds and AFTER_SWITCH_MESSAGES keypoint messages."""
+    events = compile_events(lines, 0)
+    settled = {s["task"]: s["stamp_ns"] for s in events["switches"]} | {t: v[0] for t, v in events["off"].items()}
+    if not set(tasks) <= set(settled):
+        return False
+    last = max(settled[t] for t in tasks)
+    after = sum(1 for r, _, _ in received if r > last)
+    return now_ns - last >= AFTER_SWITCH_S * 1e9 and after >= AFTER_SWITCH_MESSAGES
+
+
+def _switched_all_now(tasks: list[str], lines: list[tuple[int, str]], received: list[tuple[int, int, str]]) -> bool:
+    return switched_all(tasks, lines, received, time.time_ns())
+
+
+def compile_figures(run: dict[str, Any], received: list[tuple[int, int, str]], tasks: list[str],
+                    sources: int = 1) -> dict[str, Any]:
+    """A --compile row's own figures: its compiles and switches, the stages that had not switched when it
+    ended, and the FPS (per source) before its first switch (eager + CUDA graphs; the first 10% dropped) and
+    after its last (compiled + CUDA graphs)."""
+    events = compile_events(run["lines"], run["started_ns"])
+    stamps = [r for r, _, _ in received]
+    switches = events["switches"]
+    first = min((s["stamp_ns"] for s in switches), default=None)
+    last = max((s["stamp_ns"] for s in switches), default=None)
+    before = [t for t in stamps if first is None or t < first]
+    after = [t for t in stamps if last is not None and t > last]
+    for s in switches:
+        s.pop("stamp_ns")
+    settled = {s["task"] for s in switches} | set(events["off"])
+    return dict(compiled=events["compiled"], switches=switches,
+                compile_off={task: line for task, (_, line) in events["off"].items()},
+                not_switched=[t for t in tasks if t not in settled],
+                fps_before=rate(before[len(before) // 10:], sources), fps_after=rate(after, sources))
+
+
+def compile_note(result: dict[str, Any]) -> str:
+    """One cell: when each shape switched, how long it compiled (and whether from the kept cache), FPS
+    before and after."""
+    cached = {(c["task"], c["shape"]): c["from_cache"] for c in result["compiled"]}
+    said = [f"{s['task']} {s['shape']} compiled in use at {s['at_s']:.0f} s (compiled in {s['compile_s']:.0f} s"
+            + (", kept cache" if cached.get((s["task"], s["shape"])) else "") + ")" for s in result["switches"]]
+    said += [f"{task}: compile switched off" for task in result["compile_off"]]
+    said += [f"{task}: not switched when the row ended" for task in result["not_switched"]]
+    fps = [f"{v:.1f}" if v is not None else "-" for v in (result["fps_before"], result["fps_after"])]
+    return "; ".join(said) + f"; FPS {fps[0]} before the first switch, {fps[1]} after the last"
+
+
 def _read_lines(stream, lines: list[tuple[int, str]]) -> None:
     for line in stream:
         lines.append((time.time_ns(), line.rstrip("\n")))
 
 
 def run_command(argv: list[str], env: dict[str, str], limit_s: float,
-                stop_when: Callable[[list[tuple[int, str]]], bool] | None = None) -> dict[str, Any]:
+                stop_when: Callable[[list[tuple[int, str]]], bool] | None = None,
+                limit_fails: bool = True) -> dict[str, Any]:
     """Run argv (guarded), its output read line by line as it comes: ((stamp ns, line), ...). Stopped with
     SIGINT (the command then finishes and says ``done:``) once ``stop_when(lines)`` is true or at
-    ``limit_s``; killed when it does not end 20 s after that."""
+    ``limit_s`` (its exit status is then "timeout", unless not ``limit_fails``); killed when it does not
+    end 20 s after that."""
     lines: list[tuple[int, str]] = []
     started_ns, t0 = time.time_ns(), time.monotonic()
     proc = subprocess.Popen(guarded(argv), env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -181,7 +288,7 @@ def run_command(argv: list[str], env: dict[str, str], limit_s: float,
         time.sleep(0.1)
     reader.join(5)
     rc: Any = proc.returncode
-    if stopped_by is not None and stopped_by.startswith("the row's limit"):
+    if limit_fails and stopped_by is not None and stopped_by.startswith("the row's limit"):
         rc = "timeout"
     return dict(rc=rc, wall_s=round(time.monotonic() - t0, 1), started_ns=started_ns, lines=lines,
                 stopped_by=stopped_by)
@@ -194,7 +301,8 @@ def run_row(row: Row, argv: list[str], endpoint: str, env: dict[str, str], limit
     ``stop_when(lines, received)`` ends it early; ``more(run, received)`` adds figures of its own."""
     receiver = _Receiver(endpoint)
     receiver.start()
-    ran = run_command(argv, env, limit_s, None if stop_when is None else lambda lines: stop_when(lines, receiver.got))
+    ran = run_command(argv, env, limit_s, None if stop_when is None else lambda lines: stop_when(lines, receiver.got),
+                      limit_fails=stop_when is None)  # a row stopped when it has its figures may end at its limit
     time.sleep(0.3)  # the last messages in flight
     receiver.stop.set()
     receiver.join(5.0)
@@ -295,6 +403,7 @@ def _e2e(ctx: Ctx, key: str, rows: tuple[Row, ...], which: str) -> None:
                              "target / note"])
     with tempfile.TemporaryDirectory(prefix="e2e-") as tmp:
         env = _env(tmp)
+        clip = None
         for row in rows:
             why = _not_now(ctx, row)
             if why is not None:
@@ -305,14 +414,21 @@ def _e2e(ctx: Ctx, key: str, rows: tuple[Row, ...], which: str) -> None:
                 continue
             endpoint = f"tcp://127.0.0.1:{_free_port()}"
             limit = min(ROW_LIMIT * row.estimate_s, ctx.left_s() - 5)
-            result = run_row(row, _command(ctx, row, endpoint), endpoint, env, limit)
+            stop_when = more = None
+            if row.until_compiled:
+                clip = clip or write_demo_clip(Path(tmp) / "demo-3s.mp4")
+                stop_when = functools.partial(_switched_all_now, row.tasks.split(","))
+                more = functools.partial(compile_figures, tasks=row.tasks.split(","), sources=row.sources)
+            argv = _command(ctx, row, endpoint, clip if row.until_compiled else None)
+            result = run_row(row, argv, endpoint, env, limit, stop_when, more)
             results.append(result)
             ctx.report.save()
             ctx.report.table_row([row.label, result["rc"], result["fps_per_source"], result["p50_ms"],
                                   result["p95_ms"], result["warm_s"], result["cli_fps"],
                                   ", ".join(result["switched_off"]) or "none",
                                   f"{result['wall_s']:.0f} ({row.estimate_s:.0f})",
-                                  result["error"] or row.answers or "-"])
+                                  result["error"] or (compile_note(result) if row.until_compiled else row.answers)
+                                  or "-"])
     ctx.say("\nA file source delivers every frame as fast as the pipeline takes them: its latency includes the "
             "wait in the source's queue; the paced row (--realtime) shows a camera's. YOLO has random weights "
             "(its boxes are noise, up to 8 per frame): its cost is real. Every row is one process: start-up, "
@@ -324,6 +440,10 @@ def _e2e(ctx: Ctx, key: str, rows: tuple[Row, ...], which: str) -> None:
 
 def _not_now(ctx: Ctx, row: Row) -> str | None:
     """Why a row does not run now, or None."""
+    if ctx.smoke and row.until_compiled:
+        return ("not run in the smoke run: Inductor compiles a shape in 30-45 s on this CPU, for figures that mean "
+                "nothing (tests/bench/test_device_bench_plan.py runs how the row is watched and stopped; "
+                "tests/stages/sapiens2/test_compile_cli.py runs --compile)")
     if ctx.smoke and row.label not in SMOKE_ROWS:
         return "not run in the smoke run (one row per phase runs there, the code path of every row)"
     if not ctx.smoke and ctx.left_s() - 5 < row.estimate_s:

@@ -129,3 +129,92 @@ def test_a_command_the_benchmark_starts_ends_when_its_worker_dies(tmp_path: Path
         time.sleep(0.1)
     os.kill(pid, 9)
     pytest.fail(f"the command (pid {pid}) outlived the worker that started it")
+
+
+# A stand-in for a `--compile` run of the command: its log lines as the CLI writes them, then it runs until
+# SIGINT, when it finishes as the CLI does (its done: line, exit status 0).
+_FAKE_COMPILE_RUN = """import signal, sys, threading, time
+stop = threading.Event()
+signal.signal(signal.SIGINT, lambda *_: stop.set())
+say = lambda line: print(line, file=sys.stderr, flush=True)
+say("INFO sapiens2_stream: warm-up 1.5 s (pose 1.0 s, seg 0.5 s); compiling in the background, each input shape "
+    "switches when ready")
+time.sleep(0.3)
+say("INFO stages.sapiens2.forward: pose: input 1x3x64x48 compiled in 2.0 s, from the kept cache (in the background; "
+    "used from its next step)")
+say("INFO stages.sapiens2.forward: pose: compiled forward in use for input 1x3x64x48 (compiled in 2.0 s, 2.5 s after "
+    "start-up; checked against eager)")
+time.sleep(0.3)
+say("WARNING stages.sapiens2.verify: seg: fast path compile switched off for this run: input (1, 3, 64, 48): off by 1")
+stop.wait(60)
+say("INFO sapiens2_stream: done: 40 frames, 12.5 fps, latency p95 9 ms in the pipeline + 3 ms waiting in the file's "
+    "read-ahead queue, 0 dropped (RANDOM WEIGHTS)")
+"""
+
+
+def test_a_compile_row_is_stopped_once_every_stage_switched_and_says_when(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    import bench.device_cli as cli
+
+    monkeypatch.setattr(cli, "AFTER_SWITCH_S", 0.5)
+    monkeypatch.setattr(cli, "AFTER_SWITCH_MESSAGES", 3)
+    received: list[tuple[int, int, str]] = []
+
+    def stop_when(lines: list[tuple[int, str]]) -> bool:
+        received.append((time.time_ns(), 0, "demo"))  # a keypoint message every poll (0.1 s)
+        return cli.switched_all(["pose", "seg"], lines, received, time.time_ns())
+
+    t0 = time.monotonic()
+    run = cli.run_command([sys.executable, "-c", _FAKE_COMPILE_RUN], dict(os.environ), 50.0, stop_when)
+    assert run["rc"] == 0 and run["stopped_by"].startswith("the benchmark"), run
+    assert time.monotonic() - t0 < 30  # stopped at the switch, not at the limit
+    lines = [line for _, line in run["lines"]]
+    assert cli.parse_log(lines)["cli_fps"] == 12.5 and cli.parse_log(lines)["warm_s"] == 1.5
+    assert cli.parse_log(lines)["switched_off"] == ["seg: compile"]
+    figures = cli.compile_figures(run, received, ["pose", "seg"])
+    [switch] = figures["switches"]
+    assert (switch["task"], switch["shape"], switch["compile_s"]) == ("pose", "1x3x64x48", 2.0) and switch["at_s"] > 0
+    assert figures["compiled"][0]["from_cache"] and set(figures["compile_off"]) == {"seg"}
+    assert figures["not_switched"] == []
+    assert figures["fps_before"] and figures["fps_after"]  # messages came before and after the switch
+    note = cli.compile_note(figures)
+    assert "pose 1x3x64x48 compiled in use at" in note and "kept cache" in note and "seg: compile switched off" in note
+
+
+def test_a_compile_row_runs_until_every_stage_switched() -> None:
+    from bench.device_cli import switched_all
+
+    line = "INFO x: pose: compiled forward in use for input 1x3x8x8 (compiled in 1.0 s, 2.0 s after start-up; checked"
+    pose = (1_000_000_000, line + " against eager)")
+    many = [(2_000_000_000 + i, 0, "demo") for i in range(100)]
+    assert not switched_all(["pose", "seg"], [pose], many, 10_000_000_000)  # seg not yet
+    assert not switched_all(["pose"], [pose], many, 2_000_000_000)  # not long enough after
+    assert not switched_all(["pose"], [pose], many[:5], 10_000_000_000)  # too few messages after
+    assert switched_all(["pose"], [pose], many, 10_000_000_000)
+
+
+def test_the_looped_demo_clip_is_a_video_of_the_demo(tmp_path: Path) -> None:
+    import av
+
+    from bench.device_cli import write_demo_clip
+
+    with av.open(str(write_demo_clip(tmp_path / "clip.mp4", frames=6))) as clip:
+        frames = [f.to_ndarray(format="rgb24") for f in clip.decode(video=0)]
+    assert len(frames) == 6 and frames[0].shape == (720, 1280, 3) and frames[0].std() > 10
+
+
+def test_a_compile_row_at_its_limit_keeps_what_switched_and_says_what_did_not() -> None:
+    import sys
+
+    import bench.device_cli as cli
+
+    run = cli.run_command([sys.executable, "-c", _FAKE_COMPILE_RUN], dict(os.environ), 3.0, lambda lines: False,
+                          limit_fails=False)
+    assert run["rc"] == 0 and run["stopped_by"] == "the row's limit (3 s)"  # the command itself ended well
+    assert "done: 40 frames" in run["lines"][-1][1]
+    figures = cli.compile_figures(run, [], ["pose", "seg", "matting"])
+    assert [s["task"] for s in figures["switches"]] == ["pose"] and figures["not_switched"] == ["matting"]
+    assert "matting: not switched when the row ended" in cli.compile_note(figures)
+    timed_out = cli.run_command([sys.executable, "-c", _FAKE_COMPILE_RUN], dict(os.environ), 2.0)
+    assert timed_out["rc"] == "timeout"  # a plain row at its limit: 2.5x its estimate is a failure
