@@ -15,7 +15,14 @@ Parts (each timed per frame, warm-up excluded, p50/p95):
 * encoding    VideoRecorder.write (libx264, veryfast, crf 23) next to a bare PyAV libx264 encode, and
               what the sink thread pays with the encoder on its own thread
 * publishing  ZmqPublisher.write on loopback with a keypoints-only subscriber, and with a frames
-              subscriber (JPEG of the annotated frame); the JPEG encode alone (codec)
+              subscriber (JPEG of the annotated frame); the JPEG encode alone (codec). On CUDA both JPEG
+              paths: nvJPEG (the run's default there, ``--gpu-jpeg auto``) and OpenCV; on the CPU OpenCV
+              only (said in the output)
+
+The parts the host keeps per frame once the models' launches are gone (issue 34, item 6), each a row:
+the detector's pre-processing (letterbox) and post-processing (Ultralytics' NMS + scale_boxes), the pose
+decode, annotation, JPEG for publishing, recording (VideoRecorder.write, and what the sink thread pays
+with the encoder on its own thread).
 
 Our code is every part except the codecs (H.264 decode, H.264 encode, JPEG encode); its sum is
 compared with the target of 5 ms per frame, and any part over budget is named.
@@ -27,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import threading
@@ -386,14 +394,30 @@ def bench_encoding(r: Report, annotated: list[np.ndarray], rng: np.random.Genera
           Stats.from_samples(samples[r.warmup:]), False, note="the encode rows above run on the encoder thread")
 
 
-def bench_publishing(r: Report, annotated: list[np.ndarray], rng: np.random.Generator) -> None:
+def jpeg_paths(device: torch.device) -> tuple[list[str], str]:
+    """The JPEG encoders of published frames timed here, and the one a run uses by default: nvJPEG on CUDA
+    (``--gpu-jpeg auto``), OpenCV on the CPU."""
+    return (["nvJPEG", "OpenCV"], "nvJPEG") if device.type == "cuda" else (["OpenCV"], "OpenCV")
+
+
+def bench_publishing(r: Report, annotated: list[np.ndarray], rng: np.random.Generator,
+                     device: torch.device) -> dict[str, Any]:
+    """The publisher's write per frame with a keypoints-only and a frames subscriber (each JPEG path), the
+    JPEG encode alone, and the frames path's own cost (write - JPEG) of the default path. What was timed."""
+    from pipeline.sinks.jpeg import JpegEncoder
+
     res = person_result(annotated[0], 0, rng)
     res.annotated = annotated[0]
     info = StreamInfo("bench", W, H, 30.0, TIME_BASE, live=False, random_weights=True)
     ctx = zmq.Context()
-    for prefix, what, part_kind in (("keypoints.", "keypoints-only subscriber", "ours"),
-                                    ("frame.", "frames subscriber (JPEG q90 of annotated frame)", "codec")):
-        pub = ZmqPublisher("tcp://127.0.0.1:*", status_interval_s=3600.0)
+    paths, default = jpeg_paths(device)
+    cases = [("keypoints.", "keypoints-only subscriber", "ours", default == "nvJPEG")]
+    cases += [("frame.", "frames subscriber (JPEG q90 of annotated frame)" + (", nvJPEG" if path == "nvJPEG" else ""),
+               "codec", path == "nvJPEG") for path in paths]
+    frames_stats: dict[bool, Stats] = {}
+    notes: list[str] = []
+    for prefix, what, part_kind, gpu in cases:
+        pub = ZmqPublisher("tcp://127.0.0.1:*", status_interval_s=3600.0, gpu_jpeg=gpu)
         pub.open(info)
         drain = Drain(ctx, pub.endpoint, prefix)
         drain.start()
@@ -411,15 +435,31 @@ def bench_publishing(r: Report, annotated: list[np.ndarray], rng: np.random.Gene
         pub.close()
         drain.stop.set()
         drain.join(2.0)
+        used = "" if not gpu or prefix != "frame." else \
+            ("; nvJPEG in use" if pub.jpeg.active else "; nvJPEG FAILED, fell back to OpenCV (see the log)")
         r.add("publishing", f"ZmqPublisher.write, {what}", part_kind, s, prefix == "keypoints.",
-              note=f"{drain.received} received, {dropped} dropped")
+              note=f"{drain.received} received, {dropped} dropped{used}")
         if prefix == "frame.":
-            frames_stats = s
+            frames_stats[gpu] = s
     ctx.term()
     img = annotated[0]
-    jpeg = r.time(lambda: cv2.imencode(".jpg", cv2.cvtColor(img, cv2.COLOR_RGB2BGR), [cv2.IMWRITE_JPEG_QUALITY, 90]))
-    r.add("publishing", "JPEG encode q90 alone (cv2 RGB->BGR + imencode)", "codec", jpeg, False)
-    r.add("publishing", "frames path's own cost (write - JPEG)", "derived", None, True, frames_stats.p50 - jpeg.p50)
+    alone: dict[bool, Stats] = {}
+    alone[False] = r.time(lambda: cv2.imencode(".jpg", cv2.cvtColor(img, cv2.COLOR_RGB2BGR),
+                                               [cv2.IMWRITE_JPEG_QUALITY, 90]))
+    r.add("publishing", "JPEG encode q90 alone (cv2 RGB->BGR + imencode)", "codec", alone[False], False)
+    if "nvJPEG" in paths:
+        encoder = JpegEncoder(90, "auto")
+        alone[True] = r.time(lambda: encoder.encode(img))
+        r.add("publishing", "JPEG encode q90 alone (nvJPEG: JpegEncoder, host copy + upload + encode + download)",
+              "codec", alone[True], False, note="nvJPEG in use" if encoder.active else "nvJPEG FAILED: timed nothing")
+    else:
+        notes.append("JPEG of published frames: OpenCV only here (no CUDA device); on CUDA nvJPEG, the run's "
+                     "default there (--gpu-jpeg auto), is timed beside it")
+        print(f"  {notes[-1]}", flush=True)
+    gpu = default == "nvJPEG"
+    r.add("publishing", "frames path's own cost (write - JPEG)", "derived", None, True,
+          frames_stats[gpu].p50 - alone[gpu].p50, note=f"{default}, the default here")
+    return {"paths": paths, "default": default, "notes": notes}
 
 
 def main() -> int:
@@ -441,6 +481,7 @@ def main() -> int:
             f"iters {args.iters} (+{args.warmup} warm-up)")
     print(head, flush=True)
     with tempfile.TemporaryDirectory() as tmp:
+        os.environ.setdefault("YOLO_CONFIG_DIR", str(Path(tmp) / "yolo"))  # Ultralytics' settings, never in ~
         video = Path(tmp) / "clip_1080p.mp4"
         write_h264(video, args.iters + args.warmup + 2)
         images = [synthetic_frame(i) for i in range(8)]
@@ -450,7 +491,7 @@ def main() -> int:
         bench_device_steps(r, images, device)
         annotated = bench_annotation(r, images, rng)
         bench_encoding(r, annotated, rng, Path(tmp))
-        bench_publishing(r, annotated, rng)
+        jpeg = bench_publishing(r, annotated, rng, device)
     ours = [row for row in r.rows if row["in sum"]]
     # A negative difference is measurement noise (the two paths cost the same): it counts as zero.
     total = sum(max(0.0, row["p50 ms"]) for row in ours)
@@ -469,13 +510,17 @@ def main() -> int:
         print(f"  {row['part']:<11} {row['measured']:<60} {share:7.3f} ms{flag}")
     if total > TARGET_MS:
         print(f"  over budget by {total - TARGET_MS:.2f} ms")
+    nvjpeg = next((v for k, v in codec.items() if k.startswith("JPEG encode q90 alone (nvJPEG")), None)
     print(f"codecs per frame (p50): decode {codec.get('PyAVReader.read: H.264 1080p -> RGB numpy', 0):.2f} ms, "
           f"H.264 encode {codec.get('VideoRecorder.write, libx264 veryfast crf 23', 0):.2f} ms, JPEG "
-          f"{codec.get('JPEG encode q90 alone (cv2 RGB->BGR + imencode)', 0):.2f} ms")
+          f"{codec.get('JPEG encode q90 alone (cv2 RGB->BGR + imencode)', 0):.2f} ms (OpenCV)"
+          + (f", {nvjpeg:.2f} ms (nvJPEG)" if nvjpeg is not None else ""))
+    for note in jpeg["notes"]:
+        print(note)
     if args.json:
         dump_json(args.json, {"header": head, "target_ms": TARGET_MS, "our_code_ms": total, "verdict": verdict,
                               "machine": machine_info(device), "load_average_1m": [load0, load_average()],
-                              "rows": r.rows, "stats": r.stats})
+                              "jpeg": jpeg, "rows": r.rows, "stats": r.stats})
     return 0
 
 

@@ -199,8 +199,18 @@ def test_the_overhead_benchmark_times_every_part_and_gives_a_verdict(tmp_path: P
     parts = {row["part"] for row in out["rows"]}
     assert parts == {"decode", "upload", "plumbing", "device", "annotation", "encoding", "publishing"}
     measured = {row["measured"] for row in out["rows"]}
-    assert {"detector NMS + scale_boxes (Ultralytics)", "pose decode, 1 person, 308 x 256x192 heatmaps (DARK-UDP)",
+    # Every part the host keeps per frame (issue 34, item 6): detector pre/post, pose decode, annotation, JPEG for
+    # publishing, recording.
+    assert {"detector letterbox 1080p -> 384x640 (stages.detect.letterbox)", "detector NMS + scale_boxes (Ultralytics)",
+            "pose decode, 1 person, 308 x 256x192 heatmaps (DARK-UDP)",
+            "compose_annotators(seg, boxes, pose, hud) + frame copy", "JPEG encode q90 alone (cv2 RGB->BGR + imencode)",
+            "ZmqPublisher.write, frames subscriber (JPEG q90 of annotated frame)",
+            "VideoRecorder.write, libx264 veryfast crf 23",
             "VideoRecorder.write on the sink thread (libx264 on its own thread)"} <= measured
+    # On the CPU only OpenCV's JPEG, and it says so (on CUDA nvJPEG, the run's default there, beside it).
+    assert out["jpeg"]["paths"] == ["OpenCV"] and out["jpeg"]["default"] == "OpenCV"
+    assert out["jpeg"]["notes"] and "OpenCV only here" in out["jpeg"]["notes"][0]
+    assert not any("nvJPEG" in m for m in measured)
     summed = [row for row in out["rows"] if row["in sum"]]
     assert summed and all(row["p50 ms"] == row["p50 ms"] for row in summed)  # no NaN
     assert out["verdict"] in ("MET", "MISSED") and out["our_code_ms"] > 0 and out["target_ms"] == 5.0
