@@ -10,9 +10,10 @@ from typing import Any
 from pipeline.cli.config import RunConfig
 from pipeline.cli.preflight import expand
 from pipeline.sinks import PerSource, Sink
+from pipeline.sinks.curve import curve_for
 from pipeline.sinks.jsonl import KeypointWriter
 from pipeline.sinks.preview import PreviewWindow
-from pipeline.sinks.publisher import ZmqPublisher, curve_for
+from pipeline.sinks.publisher import ZmqPublisher
 from pipeline.sinks.recorder import VideoRecorder
 from pipeline.sinks.trc import TrcExport
 from pipeline.sinks.world import WorldWriter

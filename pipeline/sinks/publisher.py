@@ -32,24 +32,22 @@ import zmq
 import zmq.auth
 from sapiens2_client import wire
 from sapiens2_client.endpoints import check_endpoint, is_loopback
-from sapiens2_client.keys import CurveClientKeys, CurveKeyring, CurveServerKeys, KeysError
+from sapiens2_client.keys import CurveClientKeys, CurveKeyring, CurveServerKeys
 from sapiens2_client.timing import RateMeter
 from zmq.auth.thread import ThreadAuthenticator
-from zmq.utils.monitor import recv_monitor_message
 
 from stages.mocap.fuse import WorldFrame
 from stages.types import FrameResult, StreamInfo
 
 from ..net.monitoring import WARN_EVERY_S, ConnectionWatch
 from .jpeg import JpegEncoder
-from .messages import RIG_ID, frame_messages, frame_meta, status_fields, world_message
+from .messages import RIG_ID, frame_messages, frame_meta, world_message
+from .status import PublisherStatus, _Source
 from .subscriptions import Subscriptions
 
 log = logging.getLogger(__name__)
 
 __all__ = ["CurveClientKeys", "CurveServerKeys", "JpegEncoder", "PublishError", "ZmqPublisher"]
-
-BROKER_WAIT_S = 5.0  # --publish-connect: how long without a broker before saying so
 
 
 class PublishError(RuntimeError):
@@ -66,19 +64,7 @@ class PublisherStats:
     encoded: dict[str, int] = field(default_factory=lambda: collections.Counter())
 
 
-@dataclass
-class _Source:
-    """What the status of one source reports."""
-
-    info: StreamInfo
-    health: str = "ok"
-    frames: int = 0
-    last_index: int = -1
-    pipeline_drops: dict[str, int] = field(default_factory=dict)
-    rate: RateMeter = field(default_factory=RateMeter)
-
-
-class ZmqPublisher:
+class ZmqPublisher(PublisherStatus):
     """Publishes keypoints, frames (JPEG), seg (PNG), matte (PNG) and status over an XPUB socket.
 
     endpoint is bound (or connected to a broker's XSUB side when connect=True); a port of ``*``
@@ -366,55 +352,3 @@ class ZmqPublisher:
         own = {f"publish_{k}": int(v) for k, v in self.stats.dropped.items()}
         return {**{str(k): int(v) for k, v in source.pipeline_drops.items()}, **own}
 
-    def _publish_status(self, source: _Source, event: dict[str, Any] | None = None) -> None:
-        info = source.info
-        if self._sock is None:
-            return
-        self._poll_subscriptions()
-        topic = wire.topic_for("status", info.source_id)
-        if not self._is_subscribed(topic):
-            return
-        fields = status_fields(info, fps=source.rate.rate, health=source.health, frames=source.frames,
-                               last_frame_index=source.last_index, drops=self._all_drops(source),
-                               sent=dict(self.stats.sent), uptime_s=time.monotonic() - source.rate.started,
-                               detector=self.detector, event=event)
-        self._send("status", self._encode("status", fields, []))
-
-    def _status_loop(self) -> None:
-        next_status = time.monotonic() + self.status_interval_s
-        while not self._stop.is_set():
-            self._watch_monitor(min(0.1, self.status_interval_s))
-            self._watch.check_broker(BROKER_WAIT_S)
-            if time.monotonic() >= next_status:
-                next_status += self.status_interval_s
-                with self._lock:
-                    for source in list(self._sources.values()):
-                        self._publish_status(source)
-
-    def _watch_monitor(self, timeout_s: float) -> None:
-        """Hand the socket monitor's events to the connection watch (connections, handshakes, the broker)."""
-        monitor = self._monitor
-        if monitor is None:
-            self._stop.wait(timeout_s)
-            return
-        if not monitor.poll(int(timeout_s * 1000)):
-            return
-        while True:
-            try:
-                event = recv_monitor_message(monitor, zmq.NOBLOCK)
-            except zmq.ZMQError:  # Again: all read (or the monitor is closing)
-                return
-            self._watch.on_event(event["event"])
-
-
-def curve_for(cfg_curve_dir: str | None, connect: bool, client_name: str) -> CurveServerKeys | CurveClientKeys | None:
-    """The CURVE keys of a publisher from a keys folder: the server pair when binding, the client
-    pair ``client_name`` (and the broker's public key) when connecting. PublishError when missing."""
-    if not cfg_curve_dir:
-        return None
-    try:
-        if connect:
-            return CurveClientKeys.from_dir(cfg_curve_dir, client_name)
-        return CurveServerKeys.from_dir(cfg_curve_dir)
-    except KeysError as exc:
-        raise PublishError(str(exc)) from None

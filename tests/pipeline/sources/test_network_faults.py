@@ -677,8 +677,9 @@ def test_publishing_to_a_broker_that_is_not_there_says_so(monkeypatch: pytest.Mo
 
     from pipeline.net.broker import Broker
     from pipeline.sinks import publisher as publisher_module
+    from pipeline.sinks import status as status_module
 
-    monkeypatch.setattr(publisher_module, "BROKER_WAIT_S", 0.5)
+    monkeypatch.setattr(status_module, "BROKER_WAIT_S", 0.5)
     caplog.set_level(logging.INFO, logger=publisher_module.__name__)
     port = _free_port()
     pub = ZmqPublisher(f"tcp://127.0.0.1:{port}", connect=True, status_interval_s=0.2)
