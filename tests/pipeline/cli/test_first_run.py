@@ -8,24 +8,30 @@ gave frames."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import signal
 import socket
 import stat
 import subprocess
+from fractions import Fraction
 from pathlib import Path
 
+import numpy as np
 import pytest
-from sapiens2_client.subscriber import KeypointsMessage, ReceiveTimeout, Subscriber
-from sapiens2_client.timing import RateMeter
 
 from pipeline.run.sinkthread import SourceStats
+from sapiens2_client import video
+from sapiens2_client.subscriber import KeypointsMessage, ReceiveTimeout, Subscriber
+from sapiens2_client.timing import RateMeter
+from stages.sapiens2.verify import switched_off
 from tests.cliutil import (
     CLI,
     CONFIGS,
     OFFLINE,
     REPO,
+    decode_video,
     make_video,
     run_cli,
     run_cli_cases,
@@ -94,6 +100,29 @@ def test_make_says_before_it_installs_the_figures_the_readme_gives() -> None:
     figures = re.compile(r"\(\d+ of them|\d+(?:\.\d+)? (?:to \d+ )?(?:GB|MB|minutes)")
     for (kind, readme), note in zip(said.items(), (commands[i] for i in notes), strict=True):
         assert figures.findall(note) and figures.findall(note) == figures.findall(readme), f"{kind}:\n{note}\n{readme}"
+
+
+def test_the_other_warnings_the_readme_explains_are_worded_as_printed(tmp_path: Path, monkeypatch,
+                                                                      caplog) -> None:
+    """The recorder on a PyAV build without x264 (its probe refuses libx264) records MPEG-4 with the line the
+    README quotes; a fast path switched off says what the README's pattern says."""
+    probe = video.probe_encoder
+    monkeypatch.setattr(video, "probe_encoder", lambda name, *args: name != "libx264" and probe(name, *args))
+    caplog.set_level(logging.WARNING)
+    writer = video.VideoWriter(tmp_path / "out.mp4", fps=30)
+    for i in range(3):
+        writer.write(np.full((48, 64, 3), 60 * i, np.uint8), Fraction(i, 30))
+    writer.close()
+    assert writer.codec == "mpeg4" and decode_video(tmp_path / "out.mp4").count == 3
+    switched_off("pose", "CUDA graphs", "a graph of input (1, 3, 256, 192) raised RuntimeError: boom")
+    said = [f"{r.levelname} {r.name}: {r.getMessage()}" for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(said) == 2, said
+    readme = " ".join(README.split())
+    assert f"`{said[0]}`" in readme, said[0]
+    template = re.search(r"`(WARNING stages\.sapiens2\.verify: [^`]*)`", readme)
+    assert template, "the README does not show the fast-path warning"
+    pattern = re.escape(template[1]).replace("TASK", r"\w+").replace("NAME", ".+").replace("REASON", ".+")
+    assert re.fullmatch(pattern, said[1]), f"{said[1]!r} is not {template[1]!r}"
 
 
 def test_view_names_its_own_feed_and_frames_carry_their_queue_time_and_no_detect(cli_env: dict[str, str],
