@@ -1,22 +1,13 @@
-"""ZmqPublisher: the sink that publishes a run's results over ZeroMQ (docs/WIRE.md); the messages
-are built in ``messages.py``.
+"""ZmqPublisher: the sink that publishes a run's results over ZeroMQ (docs/WIRE.md) on one XPUB socket
+for every source (topics ``KIND.<source_id>``), bound before any model loads or connected to a broker's
+XSUB side. The messages are built in ``messages.py``, the status sent by ``status.py``, the CURVE keys
+read by ``curve.py``.
 
-One XPUB socket serves every source of a run (``open`` once per source; topics ``KIND.<source_id>``),
-bound (``bind()``, before any model loads, so a taken port fails in seconds) or connected to a
-broker's XSUB side. It never blocks the pipeline: sends are non-blocking with ZMQ_XPUB_NODROP, so a
-full subscriber queue (``sndhwm`` messages of any kind) is a counted drop; with isolate_subscribers
-the message goes again, lossy, to the subscribers with room, and libzmq then skips the full one
-silently: the drop counters are a lower bound, and subscribers see what they missed as
-``frame_index`` gaps. Pictures are encoded only for topics somebody subscribes to
-(``subscriptions.py``); a picture topic whose only subscriber is full (each message lost to it
-counted) is neither drawn nor encoded until a send finds room again, while a full subscriber that
-shares its topic is set aside by libzmq unseen, so its pictures are still encoded.
-
-A ``zmq-status`` thread publishes each source's status every ``status_interval_s`` even when the
-pipeline stalls, and at once on a health change (``event``). With CURVE the publisher is the server
-when it binds (client keys in ``authorized/``, re-read when an unknown key knocks) and a client of
-the broker when it connects. Refused or failed handshakes, a non-loopback bind without CURVE, and a
-broker refused, lost, back or never there are logged.
+It never blocks the pipeline: a subscriber's full queue (``sndhwm`` messages) makes a send a counted drop
+(a lower bound: with ``isolate_subscribers`` the message goes again, lossy, to the subscribers with room),
+which subscribers see as ``frame_index`` gaps. A picture is encoded only for a topic somebody subscribes
+to, and not while that topic's one subscriber is full. With CURVE it is the server when it binds (client
+keys in ``authorized/``, re-read when an unknown key knocks) and a client of the broker when it connects.
 """
 
 from __future__ import annotations
@@ -42,7 +33,7 @@ from stages.types import FrameResult, StreamInfo
 from ..net.monitoring import WARN_EVERY_S, ConnectionWatch
 from .jpeg import JpegEncoder
 from .messages import RIG_ID, frame_messages, frame_meta, world_message
-from .status import PublisherStatus, _Source
+from .status import PublisherStatus, SourceStatus
 from .subscriptions import Subscriptions
 
 log = logging.getLogger(__name__)
@@ -115,7 +106,7 @@ class ZmqPublisher(PublisherStatus):
         self.detector: str | None = None  # how persons are found (status messages say it), once the stages are built
         self.stats = PublisherStats()
         self.endpoint = endpoint
-        self._sources: dict[str, _Source] = {}
+        self._sources: dict[str, SourceStatus] = {}
         self._ctx: zmq.Context | None = None
         self._sock: zmq.Socket | None = None
         self._monitor: zmq.Socket | None = None
@@ -173,7 +164,7 @@ class ZmqPublisher(PublisherStatus):
         wire.check_source_id(info.source_id)
         self.bind()
         with self._lock:
-            self._sources[info.source_id] = _Source(info, rate=RateMeter(max(self.status_interval_s, 0.5)))
+            self._sources[info.source_id] = SourceStatus(info, rate=RateMeter(max(self.status_interval_s, 0.5)))
 
     def write(self, result: FrameResult) -> None:
         """Publish one frame's messages; never blocks (full queues drop and count)."""
@@ -348,7 +339,7 @@ class ZmqPublisher(PublisherStatus):
         self._subscriptions.delivered(topic)
         return True
 
-    def _all_drops(self, source: _Source) -> dict[str, int]:
+    def _all_drops(self, source: SourceStatus) -> dict[str, int]:
         own = {f"publish_{k}": int(v) for k, v in self.stats.dropped.items()}
         return {**{str(k): int(v) for k, v in source.pipeline_drops.items()}, **own}
 

@@ -1,5 +1,8 @@
-"""The status side of ZmqPublisher (pipeline.sinks.publisher): each source's status message, and the
-``zmq-status`` thread that sends them on a timer and hands the socket monitor's events on."""
+"""The status side of ZmqPublisher (pipeline.sinks.publisher): what each source's status reports
+(``SourceStatus``), its message, and the ``zmq-status`` thread, which sends every source's status every
+``status_interval_s`` even when the pipeline stalls and hands the socket monitor's events to the
+connection watch (subscribers, failed handshakes, a broker lost or never there after ``BROKER_WAIT_S``).
+A mixin: the publisher holds the socket, its lock, the sources, the stop event, the watch and the monitor."""
 
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ BROKER_WAIT_S = 5.0  # --publish-connect: how long without a broker before sayin
 
 
 @dataclass
-class _Source:
+class SourceStatus:
     """What the status of one source reports."""
 
     info: StreamInfo
@@ -34,7 +37,7 @@ class _Source:
 class PublisherStatus:
     """``_publish_status``, ``_status_loop`` and ``_watch_monitor`` of ZmqPublisher."""
 
-    def _publish_status(self, source: _Source, event: dict[str, Any] | None = None) -> None:
+    def _publish_status(self, source: SourceStatus, event: dict[str, Any] | None = None) -> None:
         info = source.info
         if self._sock is None:
             return
