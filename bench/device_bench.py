@@ -89,6 +89,17 @@ def phase_test_wedge(ctx: Ctx) -> None:
     _sleep_past_the_deadline(600)
 
 
+def phase_test_env(ctx: Ctx) -> None:
+    """Where a worker's Ultralytics settings and our cache go: Ultralytics imported as a phase that uses YOLO
+    imports it (it writes its settings file then)."""
+    import ultralytics.utils
+
+    where = dict(yolo_config_dir=os.environ.get("YOLO_CONFIG_DIR"), cache=os.environ.get("SAPIENS2_STREAM_CACHE"),
+                 settings_file=str(getattr(ultralytics.utils, "SETTINGS_FILE", "?")))
+    ctx.report.results["worker_env"] = where
+    ctx.say(f"\n## watchdog test: the worker's folders\n\n{where}")
+
+
 # name, function, H200 estimate (s; skipped when less budget is left), watchdog limit (s), about.
 # Estimates: the 2026-12-04 run on an H200 where a phase ran there (checkpoints 8-12 s, correctness 6 s
 # before its capped decode, forward 13 s, pipeline 40 s, reference 59 s, sources 17 s, compile 45 s,
@@ -133,6 +144,7 @@ RERUNS = [["e2e_more"], ["starts", "syncs", "compile", "fastpath", "transfers"]]
 TEST_PHASES: list[Phase] = [
     Phase("_hang", phase_test_hang, 0, 2, needs_ckpts=False, hidden=True),
     Phase("_wedge", phase_test_wedge, 0, 2, needs_ckpts=False, hidden=True),
+    Phase("_env", phase_test_env, 0, 60, needs_ckpts=False, hidden=True),
 ]
 
 
@@ -180,7 +192,8 @@ def nvidia_smi() -> str | None:
     if shutil.which("nvidia-smi") is None:
         return None
     try:
-        done = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+        done = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,compute_mode",
+                               "--format=csv,noheader"],
                               capture_output=True, text=True, timeout=15)
         return done.stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
@@ -269,6 +282,11 @@ def main() -> int:
                               for p in phases]
     report.save()
     state = work_dir()
+    # Ultralytics writes its settings where YOLO_CONFIG_DIR says, else into ~/.config; our compiled kernels go to
+    # SAPIENS2_STREAM_CACHE, else ~/.cache. device_run.sh sets both; a run started otherwise uses folders of its
+    # own (the workers are spawned with this environment, the commands of the e2e phases get their own).
+    os.environ.setdefault("YOLO_CONFIG_DIR", str(state / "yolo"))
+    os.environ.setdefault("SAPIENS2_STREAM_CACHE", str(state / "cache"))
     config = dict(device="cuda" if cuda else "cpu", smoke=args.smoke, iters=3 if args.smoke else args.iters,
                   seconds=min(args.seconds, 3.0) if args.smoke else args.seconds,
                   ckpts={task: str(state / "ckpt" / task) for task in TASKS}, state_dir=str(state / "watch"),

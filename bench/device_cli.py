@@ -346,6 +346,14 @@ def _env(tmp: str) -> dict[str, str]:
                                             os.environ.get("PYTHONPATH", "")]))
 
 
+def start_env(tmp: str) -> dict[str, str]:
+    """The environment of a start: ``_env`` without Inductor's and Triton's cache folders, so that the first
+    start compiles cold into <cache>/compile (ours) and the second finds it there. The worker has both set
+    once it compiled (Inductor sets TRITON_CACHE_DIR in its process at its first Triton compile: the graphs
+    phase's), and Triton's kept kernels would make the first start look cheap."""
+    return {k: v for k, v in _env(tmp).items() if k not in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
+
+
 def phase_starts(ctx: Ctx) -> None:
     """The first and the second start of a compiled run, each in a process of its own: the second finds the
     shape in Inductor's cache kept in <cache>/compile (the first of a session's runs on a new machine is
@@ -361,7 +369,7 @@ def phase_starts(ctx: Ctx) -> None:
         return
     rows = []
     with tempfile.TemporaryDirectory(prefix="starts-") as tmp:
-        env = {k: v for k, v in _env(tmp).items() if k != "TORCHINDUCTOR_CACHE_DIR"}  # ours: <cache>/compile
+        env = start_env(tmp)
         for start in ("first start", "second start"):
             if ctx.left_s() < 20:
                 ctx.say(f"({start} skipped: {ctx.left_s():.0f} s left of this phase)")

@@ -150,6 +150,7 @@ def phase_graphs(ctx: Ctx) -> None:
     models = {"pose": load_model(ctx.ckpt("pose"), device=ctx.device, dtype=ctx.dtype),
               "seg": load_model(ctx.ckpt("seg"), device=ctx.device, dtype=ctx.dtype)}
     classes = {"pose": PoseEstimator, "seg": Segmenter}
+    ctx.sync()  # what loading queued on the default stream, done before the lane reads the weights
     # (the smoke run: one pose batch above 1 and seg, the code path of every case)
     cases = [("pose", 2), ("seg", 1)] if ctx.smoke else [("pose", 1), ("pose", 4), ("pose", 8), ("seg", 1)]
     paths = [("eager", FastPath(cuda_graphs="off")), ("eager + CUDA graphs", FastPath()),
@@ -186,8 +187,9 @@ def _graph_rows(ctx: Ctx, paths, cases, models, classes, lane, eager_ms, results
                                       f"skipped: {ctx.left_s():.0f} s left of this phase", None])
                 continue
             est = classes[task](models[task], input_size=ctx.size, fastpath=fastpath)
-            pixels = torch.randn(batch, 3, *ctx.size, device=ctx.device)  # float32, as the engine's inputs
             with _on(lane):
+                # made on the lane that reads it (made on the default stream, the lane would not wait for it)
+                pixels = torch.randn(batch, 3, *ctx.size, device=ctx.device)  # float32, as the engine's inputs
                 t0 = time.perf_counter()
                 for _ in range(2):  # as it is, then captured (and replayed)
                     _run(est, pixels)

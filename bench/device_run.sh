@@ -40,7 +40,10 @@ else
   export PYTHONPATH=$PWD:$PWD/clients/python
 fi
 echo "wheels installed in ${SECONDS} s" | tee -a "$LOG"
-timeout 15 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt" || true
+# compute_mode: the e2e and starts phases run the command in processes of their own beside the worker's
+# CUDA context, which an Exclusive_Process GPU refuses (their rows then fail with "busy or unavailable").
+timeout 15 nvidia-smi --query-gpu=name,driver_version,memory.total,compute_mode --format=csv,noheader \
+  | tee "$OUT/gpu.txt" || true
 # The image's torch (what every phase runs on; the report's versions table says it again).
 timeout 60 python3 -c 'import sys, torch; print("torch", torch.__version__, "CUDA", torch.version.cuda, "at",
 torch.__file__, "on Python", sys.version.split()[0])' 2>&1 | tee -a "$OUT/gpu.txt" "$LOG"

@@ -403,3 +403,19 @@ def test_sync_sites_name_the_line_of_our_code_that_synchronised() -> None:
     sites = device_bench.sync_sites(caller, ours=(__file__,))
     line = our_stage.__code__.co_firstlineno + 1
     assert sites == {f"tests/bench/test_bench_smoke.py:{line}": 2}
+
+
+@pytest.mark.timeout(120)
+def test_a_run_not_started_by_device_run_sh_keeps_ultralytics_and_our_cache_out_of_home(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {k: v for k, v in _env(tmp_path).items() if k not in ("YOLO_CONFIG_DIR", "SAPIENS2_STREAM_CACHE")}
+    ran = subprocess.run([sys.executable, "-m", "bench.device_bench", "--smoke", "--out", str(tmp_path / "out"),
+                          "--phases", "_env"], env=dict(env, HOME=str(home)), cwd=REPO, capture_output=True,
+                         text=True, timeout=110)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    where = json.loads((tmp_path / "out" / "device_bench.json").read_text())["worker_env"]
+    for key in ("yolo_config_dir", "cache", "settings_file"):
+        assert where[key] and not where[key].startswith(str(home)), where
+    assert Path(where["settings_file"]).is_relative_to(where["yolo_config_dir"])
+    assert not any(home.rglob("*")), sorted(home.rglob("*"))  # nothing written into the home

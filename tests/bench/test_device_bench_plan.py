@@ -218,3 +218,15 @@ def test_a_compile_row_at_its_limit_keeps_what_switched_and_says_what_did_not() 
     assert "matting: not switched when the row ended" in cli.compile_note(figures)
     timed_out = cli.run_command([sys.executable, "-c", _FAKE_COMPILE_RUN], dict(os.environ), 2.0)
     assert timed_out["rc"] == "timeout"  # a plain row at its limit: 2.5x its estimate is a failure
+
+
+def test_a_first_start_finds_no_kernel_the_worker_compiled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker has compiled by the starts phase (the graphs phase): Inductor then sets TRITON_CACHE_DIR in
+    its process, and a first start that inherited it would find Triton's kernels already built."""
+    from bench.device_cli import start_env
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "inductor" / "triton" / "0"))
+    env = start_env(str(tmp_path / "start"))
+    assert "TORCHINDUCTOR_CACHE_DIR" not in env and "TRITON_CACHE_DIR" not in env
+    assert env["SAPIENS2_STREAM_CACHE"].startswith(str(tmp_path / "start"))  # ours: <cache>/compile, fresh
