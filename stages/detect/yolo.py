@@ -3,7 +3,10 @@
 ``detect`` / ``detect_batch`` take host frames; ``detect_tensors`` takes frames already on the
 detector's device (the engine's upload): letterbox there (stages.detect.letterbox), then the
 predictor's own model and NMS on the tensor (``predict_on_device``), one copy of the boxes to the host.
-Every Ultralytics failure becomes a one-line ``DetectorError``; the process's CPU thread count stays.
+That letterbox is a fast path of ours: on the first frame of each size it is held against Ultralytics'
+own preprocessing, and one that disagrees or raises is switched off for the run (one warning; the
+frames then go through the host path). Every Ultralytics failure becomes a one-line ``DetectorError``;
+the process's CPU thread count stays.
 
 Ultralytics times each predict step with a device-wide ``synchronize()``, which would make the
 detector wait for the Sapiens2 work queued on the other CUDA streams. No supported hook reaches those
@@ -35,6 +38,7 @@ from .letterbox import letterbox_batch
 log = logging.getLogger(__name__)
 
 PERSON_CLASS = 0
+LETTERBOX_LEVELS = 1.5  # one grey level (stages.detect.letterbox), plus float16's rounding near 1.0
 
 
 class PersonDetector:
@@ -68,6 +72,8 @@ class PersonDetector:
         self.device = resolve_device(device)
         self.half = bool(half and self.device.type == "cuda")
         self._checked_device = False
+        self._letterbox_checked: set[tuple[int, ...]] = set()  # frame shapes whose device letterbox agreed
+        self._letterbox_off = False  # it disagreed or raised: frames take the host path
 
     def detect(self, image_rgb: np.ndarray) -> Detections:
         """Find people in one (H, W, 3) uint8 RGB frame."""
@@ -102,7 +108,8 @@ class PersonDetector:
             self._guarded(lambda: self.model.predict(np.zeros((h, w, 3), np.uint8), **self._kwargs()))
             self._check_device()
         running = self.inference_device()
-        if running is not None and running != want:  # the frames would meet the model on another device
+        # On another device the frames would meet the model there; a letterbox that failed its check is off.
+        if (running is not None and running != want) or not self._letterbox_agrees(images):
             return self.detect_batch([image.permute(1, 2, 0).cpu().numpy() for image in images])
         with torch.inference_mode():
             found = self._guarded(lambda: predict_on_device(self.model.predictor, list(images)))
@@ -113,6 +120,42 @@ class PersonDetector:
             start += len(det)
             out.append(self._detections(rows[:, :4], rows[:, 4]))
         return out
+
+    def _letterbox_agrees(self, images: Sequence[Tensor]) -> bool:
+        """The device letterbox against Ultralytics' preprocessing, once per frame size; False (for the
+        rest of the run, said once) when it disagreed or raised."""
+        for image in images:
+            if self._letterbox_off or tuple(image.shape) in self._letterbox_checked:
+                continue
+            reason = self._letterbox_disagrees(image)
+            if reason is not None:
+                from stages.sapiens2.verify import switched_off
+
+                switched_off("detector", "letterbox on the device", f"{reason}; frames go through the host")
+                self._letterbox_off = True
+            self._letterbox_checked.add(tuple(image.shape))
+        return not self._letterbox_off
+
+    def _letterbox_disagrees(self, image: Tensor) -> str | None:
+        """Why the device letterbox of ``image`` (3, H, W) is not Ultralytics' own input, or None: the
+        same shape, and at most one grey level apart (OpenCV's fixed-point resize rounds differently)."""
+        from stages.sapiens2.verify import raised
+
+        predictor = self.model.predictor
+        try:
+            with torch.inference_mode():
+                ours = letterbox_batch([image], tuple(predictor.imgsz), rect_letterbox(predictor, [image]),
+                                       int(predictor.model.stride), half=bool(predictor.model.fp16))  # (1, 3, h, w)
+                host = cv2.cvtColor(image.permute(1, 2, 0).cpu().numpy(), cv2.COLOR_RGB2BGR)
+                theirs = predictor.preprocess([host]).to(ours.device)  # (1, 3, h, w)
+        except Exception as exc:  # any failure of a fast path turns it off; the host path goes on
+            return f"it raised {raised(exc)}"
+        if ours.shape != theirs.shape:
+            return f"it made a {tuple(ours.shape)} input where Ultralytics makes {tuple(theirs.shape)}"
+        levels = float((ours.float() - theirs.float()).abs().max()) * 255.0
+        if levels > LETTERBOX_LEVELS:
+            return f"its input differs from Ultralytics' by {levels:.1f} grey levels (tolerance {LETTERBOX_LEVELS:g})"
+        return None
 
     def _kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = dict(conf=self.conf, iou=self.iou, classes=[PERSON_CLASS], max_det=self.max_persons,

@@ -142,6 +142,49 @@ def test_in_float16_the_device_path_finds_the_host_paths_boxes(monkeypatch: pyte
     _match(host, device, exact=True)
 
 
+@pytest.mark.parametrize("fault", ["colours swapped", "shifted a row", "raises"])
+def test_a_device_letterbox_that_disagrees_is_switched_off_and_the_host_path_finds_the_boxes(
+        fault: str, monkeypatch: pytest.MonkeyPatch, caplog) -> None:
+    """The device letterbox is held against Ultralytics' own preprocessing on the first frame of each
+    size; one that is wrong or raises is switched off for the run with one warning, and every frame
+    (that one included) goes through the host path, finding its boxes."""
+    import logging
+
+    import stages.detect.yolo as yolo
+    from stages.detect.letterbox import letterbox_batch
+
+    def wrong(images, *args, **kwargs):
+        if fault == "raises":
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        batch = letterbox_batch(images, *args, **kwargs)
+        return batch.flip(1) if fault == "colours swapped" else batch.roll(1, dims=2)
+
+    monkeypatch.setattr(yolo, "letterbox_batch", wrong)
+    detector = _sharp()
+    images = [_bus((480, 640)), _bus((700, 1000))]
+    with caplog.at_level(logging.WARNING, "stages"):
+        found = [detector.detect_tensors([_chw(image)])[0] for image in images]
+    host = [detector.detect_batch([image])[0] for image in images]
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and "random" not in
+                  r.getMessage()]  # (the test detector's random weights are said at its making)
+    assert warning.startswith("detector: fast path letterbox on the device switched off for this run: ")
+    assert ("raised RuntimeError: CUDA error" if fault == "raises" else "grey levels (tolerance 1.5)") in warning
+    assert sum(len(h) for h in host) > 0
+    for got, want in zip(found, host):
+        _match(want, got, exact=True)
+
+
+def test_a_device_letterbox_that_agrees_is_checked_once_per_frame_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    sharp_detector = _sharp()
+    checked: list[tuple[int, ...]] = []
+    real = PersonDetector._letterbox_disagrees
+    monkeypatch.setattr(PersonDetector, "_letterbox_disagrees",
+                        lambda self, image: checked.append(tuple(image.shape)) or real(self, image))
+    for hw in [(333, 500), (333, 500), (300, 640), (333, 500)]:
+        sharp_detector.detect_tensors([_chw(_bus(hw))])
+    assert checked == [(3, 333, 500), (3, 300, 640)] and not sharp_detector._letterbox_off
+
+
 def test_device_input_is_checked(sharp_detector: PersonDetector) -> None:
     with pytest.raises(ValueError, match=r"\(3, H, W\) uint8"):
         sharp_detector.detect_tensors([torch.zeros(32, 32, 3, dtype=torch.uint8)])
