@@ -52,7 +52,7 @@ def test_other_input_sizes_match(tmp_path, size):
     with torch.no_grad():
         expected = ref(x).logits
         ours, _ = load_model(tmp_path, device="cpu")(x)
-    assert (ours - expected).abs().max() <= 1e-4 * expected.abs().max()
+    assert (ours - expected).abs().max() <= 1e-5 * expected.abs().max()  # as at the trained size
 
 
 def _photo(h=240, w=320, seed=0):
