@@ -24,6 +24,12 @@ from tests.cliutil import CLI, RUN_TIMEOUT_S
 if "YOLO_CONFIG_DIR" not in os.environ:
     _YOLO_CONFIG = tempfile.TemporaryDirectory(prefix="sapiens2-tests-yolo-")
     os.environ["YOLO_CONFIG_DIR"] = _YOLO_CONFIG.name
+# Our own cache folder (tiny checkpoints, and compiled kernels: an estimator with compile on points
+# Inductor's caches there, for the rest of the process) is one of this run's for the tests run in
+# this process too, never ~/.cache/sapiens2-stream (offline_env gives the CLI runs theirs).
+if "SAPIENS2_STREAM_CACHE" not in os.environ:
+    _OUR_CACHE = tempfile.TemporaryDirectory(prefix="sapiens2-tests-cache-")
+    os.environ["SAPIENS2_STREAM_CACHE"] = _OUR_CACHE.name
 # Ray 2.60 turns on token authentication for a local cluster and, with no token given, writes one to
 # ~/.ray/auth_token: the run's clusters get a token of its own from the environment instead (their
 # processes inherit it), and authentication stays on.
