@@ -1,5 +1,6 @@
 """The import graph of ``pipeline``, ``stages`` and ``sapiens2_client`` has no cycle, and keeps the
-layering of docs (DESIGN.md): ``stages`` never imports ``pipeline``; the Python client imports neither.
+layering of docs (DESIGN.md): ``stages`` never imports ``pipeline``; the Python client imports neither;
+within ``pipeline`` the command modules and the data path (``pipeline/run/``) sit above the parts.
 
 The graph is read from the source with ``ast``, not by importing it: every ``import`` and ``from ...
 import`` counts, absolute or relative, at module level or inside a function or an ``if TYPE_CHECKING``
@@ -211,6 +212,36 @@ def test_layering(folder: Path) -> None:
     if wrong:
         pytest.fail(f"{folder.relative_to(ROOT)} may not import {' or '.join(banned)}:\n" + "\n".join(sorted(set(wrong))),
                     pytrace=False)
+
+
+# The wings of pipeline/ (docs/ARCHITECTURE.md, "Folders"): a command module (pipeline.cli.main's
+# COMMAND_MODULES) is imported by the entry point only; the data path (pipeline/run/) by the commands that
+# run it only: `run` (pipeline.cli.commands) and the cluster's fleet and archive workers. Everything
+# else (sources, sinks, net, viewer, metrics, mocap, the config and check of pipeline/cli/) lies below.
+ENTRY = "pipeline.cli.main"
+RUNS_THE_DATA_PATH = ("pipeline.cli.commands", "pipeline.cluster")
+
+
+def _within(module: str, prefixes: tuple[str, ...]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+def _wrong_edges(graph: dict[str, list[Edge]], targets: tuple[str, ...], allowed: tuple[str, ...]) -> list[str]:
+    return sorted(f"{e.where()}: {e.source} imports {e.target}" for edges in graph.values() for e in edges
+                  if _within(e.target, targets) and not _within(e.source, targets + allowed))
+
+
+def test_the_command_modules_are_imported_by_the_entry_point_only() -> None:
+    graph = import_graph(PACKAGES)
+    commands = tuple(e.target for e in graph[ENTRY] if e.target.split(".")[-1] == "commands")
+    assert "pipeline.cli.commands" in commands and len(commands) >= 4, commands
+    wrong = _wrong_edges(graph, (ENTRY, *commands), ())
+    assert not wrong, "a command module is the top of its wing:\n" + "\n".join(wrong)
+
+
+def test_the_data_path_is_imported_by_the_commands_that_run_it_only() -> None:
+    wrong = _wrong_edges(import_graph(PACKAGES), ("pipeline.run",), (ENTRY, *RUNS_THE_DATA_PATH))
+    assert not wrong, "pipeline/run/ lies above the parts it runs:\n" + "\n".join(wrong)
 
 
 def _write(root: Path, files: dict[str, str]) -> None:
