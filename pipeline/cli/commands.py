@@ -11,7 +11,7 @@ import logging
 import signal
 import threading
 
-from pipeline.cli.args import add_run_args, run_config
+from pipeline.cli.args import add_run_args, overrides_from, run_config
 from stages.tasks import TASKS
 
 log = logging.getLogger("sapiens2_stream")
@@ -40,11 +40,15 @@ def cmd_make_tiny(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from pipeline.cli.config import ConfigError, blame_flags
     from pipeline.cli.preflight import check_run, unused_settings
 
     cfg = run_config(args)
     logging.getLogger().setLevel(cfg.log_level.upper())
-    checked = check_run(cfg)  # before torch and the pipeline are imported: bad input costs half a second, not eight
+    try:
+        checked = check_run(cfg)  # before torch and the pipeline are imported: bad input costs half a second
+    except ConfigError as exc:
+        raise ConfigError(blame_flags(str(exc), overrides_from(args), args.config)) from None
     for note in unused_settings(cfg):
         log.warning(note)
     from pipeline.run.app import run_pipeline

@@ -360,6 +360,13 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
         raise ConfigError(_blame(str(exc), origins, path, overrides_from)) from None
 
 
+def blame_flags(message: str, flags: dict[str, Any], path: str | Path | None = None) -> str:
+    """A check's ``KEY: problem`` as ``--flag: problem`` when KEY was given as a flag, else prefixed
+    by the config file ``path`` that set it (its keys keep their names: that is what the file says)."""
+    return _blame(message, dict.fromkeys(flags, "command line"), None if path is None else Path(path),
+                  "command line")
+
+
 def _blame(message: str, origins: dict[str, str], path: Path | None, overrides_from: str) -> str:
     """``KEY: problem`` with where KEY was set: its flag, its file, or (a default, or several keys)
     the file if there is one. Messages that already name their origin (``--source 'x'``,

@@ -227,7 +227,7 @@ BAD_INPUT = [
     (["--publish-connect", "tcp://*:5556"], ["only when binding"]),
     (["--det-conf", "5"], ["--det-conf", "0..1"]),
     (["--det-imgsz", "64000"], ["--det-imgsz", "at most 4096"]),
-    (["--tasks", "matting", "--matte-background", "missing.jpg"], ["matte_background", "missing.jpg"]),
+    (["--tasks", "matting", "--matte-background", "missing.jpg"], ["--matte-background", "missing.jpg"]),
     (["--detector", "yolo", "--detector-model", "/nonexistent.pt"], ["/nonexistent.pt", "no such file"]),
     (["--detector", "yolo", "--detector-model", "evil.pt"], ["pickle", "--trust-detector-model"]),
     (["--record", "out.avi"], ["record", ".mp4"]),
@@ -238,7 +238,7 @@ BAD_INPUT = [
     (["--keypoints3d", "--keypoints3d-window", "4"], ["--keypoints3d-window", "odd"]),
     (["--keypoints3d", "--pointmap-every", "0"], ["--pointmap-every", "at least 1"]),
     (["--smooth", "--smooth-beta", "nan"], ["--smooth-beta", "finite"]),
-    (["--matte-background", "missing.jpg"], ["matte_background", "missing.jpg"]),  # checked without matting too
+    (["--matte-background", "missing.jpg"], ["--matte-background", "missing.jpg"]),  # checked without matting too
     (["--detector", "yolo", "--detector-model", "person.pth"], ["person.pth", "Ultralytics"]),
     (["--checkpoint", "pose=./my-pose-ckpt"], ["pose=./my-pose-ckpt", "no such checkpoint", "hub id"]),
     (["--record", "/proc/x.mp4"], ["--record", "/proc/x.mp4", "cannot create", "/proc is not writable)"]),  # as root
@@ -253,6 +253,9 @@ BAD_INPUT = [
 NEVER_SAID = {
     ("--record", "/proc/x.mp4"): ["No such file or directory", "not writable ("],
     ("--save-keypoints", "/proc/kp.jsonl"): ["save_keypoints", "No such file or directory", "not writable ("],
+    ("--matte-background", "missing.jpg"): ["matte_background"],
+    ("--detector", "yolo", "--detector-model", "person.pth"): ["detector_model"],
+    ("--checkpoint", "pose=./my-pose-ckpt"): ["checkpoints:"],
 }
 
 
