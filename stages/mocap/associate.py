@@ -16,6 +16,7 @@ group of one is a person seen by one camera only, reported as such and never tri
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -28,6 +29,7 @@ from .camera import Camera
 _REFUSED = 1e9
 
 
+@functools.lru_cache(maxsize=4)
 def compared_keypoints(num_keypoints: int) -> np.ndarray:
     """The keypoints two views are compared on: Sapiens2's body (wrists included), feet and extra
     points, every 4th hand point and every 8th face point, 70 of 308. Matching persons needs points
@@ -35,10 +37,13 @@ def compared_keypoints(num_keypoints: int) -> np.ndarray:
     keypoint count: all of them."""
     meta = load_metadata()
     if num_keypoints != meta.num_keypoints:
-        return np.arange(num_keypoints)
-    g = meta.groups
-    picked = [g["body"], g["foot"], g["extra"], g["left_hand"][::4], g["right_hand"][::4], g["face"][::8]]
-    return np.unique(np.concatenate(picked))
+        picked = np.arange(num_keypoints)
+    else:
+        g = meta.groups
+        picked = np.unique(np.concatenate([g["body"], g["foot"], g["extra"], g["left_hand"][::4],
+                                           g["right_hand"][::4], g["face"][::8]]))
+    picked.flags.writeable = False  # one array for every caller (cached)
+    return picked
 
 
 def assign(cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -76,66 +81,88 @@ def essential(a: Camera, b: Camera) -> np.ndarray:
     return tx @ rotation
 
 
-def all_pair_costs(views: Sequence[View], spec: Association) -> dict[tuple[int, int], np.ndarray]:
-    """(u, v) -> (Nu, Nv) mean symmetric epipolar distance in pixels for every pair of views u < v;
-    _REFUSED where too few keypoints are shared. One batched computation over all pairs (the
-    persons padded to the most any view has): the per-pair loop cost more in numpy calls than in
-    arithmetic."""
+@functools.lru_cache(maxsize=64)
+def _pair_geometry(cameras: tuple[Camera, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The pairs u < v of a step's cameras (Q,) each, their essential matrices (Q, 3, 3) and the
+    cameras' mean focal lengths (C,): constants of a rig, cached by its Camera objects."""
+    us, vs = np.triu_indices(len(cameras), 1)
+    e = np.stack([essential(cameras[u], cameras[v]) for u, v in zip(us, vs)]) if len(us) else np.zeros((0, 3, 3))
+    focal = np.array([np.mean(np.diag(camera.matrix)[:2]) for camera in cameras])
+    return us, vs, e, focal
+
+
+def all_pair_costs(views: Sequence[View], spec: Association) -> np.ndarray:
+    """(C, C, n, n) the mean symmetric epipolar distance in pixels of person i of view u and person
+    j of view v at [u, v, i, j] for every pair of views u < v (n: the most persons a view has);
+    _REFUSED where too few keypoints are shared (and for u >= v). One batched
+    computation over all pairs (the persons padded): the per-pair loop cost more in numpy calls
+    than in arithmetic."""
     c = len(views)
     sizes = [len(v.scores) for v in views]
     n = max(sizes, default=0)
+    full = np.full((c, c, n, n), _REFUSED)
     if c < 2 or n == 0:
-        return {(u, v): np.zeros((sizes[u], sizes[v])) for u in range(c) for v in range(u + 1, c)}
+        return full
     picked = compared_keypoints(views[0].scores.shape[1])
     k = len(picked)
-    points = np.ones((c, n, k, 3))
+    x, y = np.zeros((c, n, k)), np.zeros((c, n, k))
     good = np.zeros((c, n, k), bool)
     for i, view in enumerate(views):
-        points[i, :sizes[i], :, :2] = view.normalised[:, picked]
+        points = view.normalised[:, picked]  # (N_i, K, 2)
+        x[i, :sizes[i]], y[i, :sizes[i]] = points[..., 0], points[..., 1]
         good[i, :sizes[i]] = view.scores[:, picked] >= spec.min_score
-    us, vs = np.triu_indices(c, 1)  # (Q,) the pairs
-    e = np.stack([essential(views[u].camera, views[v].camera) for u, v in zip(us, vs)])  # (Q, 3, 3)
-    focal = np.array([np.mean(np.diag(view.camera.matrix)[:2]) for view in views])
-    pu, pv = points[us], points[vs]  # (Q, n, K, 3)
-    # (plain matmuls of (n K, 3) by (3, 3) per pair and elementwise products: einsum's generic loop cost 10x)
-    lines_v = (pu.reshape(len(us), n * k, 3) @ np.swapaxes(e, 1, 2)).reshape(pu.shape)  # lines in v of u's points
-    lines_u = (pv.reshape(len(us), n * k, 3) @ e).reshape(pv.shape)  # (Q, n, K, 3): lines in u of v's points
-    algebraic = sum(lines_v[:, :, None, :, i] * pv[:, None, :, :, i] for i in range(3))  # (Q, n, n, K): x_v^T E x_u
-    norm_v = np.hypot(lines_v[..., 0], lines_v[..., 1])[:, :, None, :]  # (Q, n, 1, K)
-    norm_u = np.hypot(lines_u[..., 0], lines_u[..., 1])[:, None, :, :]  # (Q, 1, n, K)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        distance = 0.5 * np.abs(algebraic) * (focal[vs][:, None, None, None] / norm_v +
-                                              focal[us][:, None, None, None] / norm_u)  # (Q, n, n, K) pixels
-    both = good[us][:, :, None, :] & good[vs][:, None, :, :] & np.isfinite(distance)
+    good &= np.isfinite(x + y)
+    us, vs, e, focal = _pair_geometry(tuple(view.camera for view in views))
+    xu, yu, xv, yv = x[us], y[us], x[vs], y[vs]  # (Q, n, K) each
+    e = e[:, :, :, None, None]  # (Q, 3, 3, 1, 1)
+    # the epipolar line in v of each point of u (E x_u) and in u of each point of v (E^T x_v), x = (x, y, 1)
+    lv = [e[:, r, 0] * xu + e[:, r, 1] * yu + e[:, r, 2] for r in range(3)]  # 3 x (Q, n, K)
+    lu = [e[:, 0, r] * xv + e[:, 1, r] * yv + e[:, 2, r] for r in range(3)]
+    # x_v^T E x_u for every person i of u and j of v: (Q, n, n, K)
+    algebraic = lv[0][:, :, None] * xv[:, None] + lv[1][:, :, None] * yv[:, None] + lv[2][:, :, None]
+    with np.errstate(divide="ignore"):  # a point at the epipole has no line: not compared
+        scale_v = 0.5 * focal[vs][:, None, None] / np.hypot(lv[0], lv[1])  # (Q, n, K) px per unit in v
+        scale_u = 0.5 * focal[us][:, None, None] / np.hypot(lu[0], lu[1])
+    good_u = good[us] & np.isfinite(scale_v)
+    good_v = good[vs] & np.isfinite(scale_u)
+    distance = np.abs(algebraic) * (scale_v[:, :, None] + scale_u[:, None])  # (Q, n, n, K) pixels
+    both = good_u[:, :, None] & good_v[:, None]
     count = both.sum(axis=-1)
     mean = np.where(both, distance, 0.0).sum(axis=-1) / np.maximum(count, 1)
-    cost = np.where(count >= spec.min_common, mean, _REFUSED)  # (Q, n, n)
-    return {(int(u), int(v)): cost[q, :sizes[u], :sizes[v]] for q, (u, v) in enumerate(zip(us, vs))}
+    full[us, vs] = np.where(count >= spec.min_common, mean, _REFUSED)  # (Q, n, n); padding: never a member
+    return full
 
 
 def associate(views: Sequence[View], spec: Association = Association()) -> list[dict[int, int]]:
     """Group the persons of the views: a list of groups, each {view index: person index}, in the
     order they were formed (groups of one camera included: the caller reports them as single-view)."""
     groups: list[dict[int, int]] = []
-    costs = all_pair_costs(views, spec)
+    costs = all_pair_costs(views, spec)  # (C, C, n, n)
+    c = len(views)
+    members = np.zeros((0, c), np.intp)  # (G, C): each group's person in each view, -1 for none
     for v, view in enumerate(views):
         n = len(view.scores)
         if n == 0:
             continue
         if groups:
-            table = np.full((len(groups), n), _REFUSED)
-            for g, group in enumerate(groups):
-                rows = np.array([costs[u, v][i] for u, i in group.items()])  # (members, n)
-                known = rows < _REFUSED  # a member too little seen to compare does not veto the others
-                mean = np.where(known, rows, 0.0).sum(axis=0) / np.maximum(known.sum(axis=0), 1)
-                table[g] = np.where(known.any(axis=0), mean, _REFUSED)
-            rows, cols = assign(table)
-            taken = set()
-            for g, j in zip(rows, cols):
-                if table[g, j] <= spec.max_epipolar_px:
-                    groups[g][v] = int(j)
-                    taken.add(int(j))
-            groups.extend({v: j} for j in range(n) if j not in taken)
+            # each group's members' costs to this view's persons: (G, C, n), refused where no member
+            rows = costs[np.arange(c), v][np.arange(c)[None], np.maximum(members, 0)][..., :n]
+            known = (members >= 0)[:, :, None] & (rows < _REFUSED)  # a member too little seen does not veto
+            counted = known.sum(axis=1)  # (G, n)
+            mean = np.where(known, rows, 0.0).sum(axis=1) / np.maximum(counted, 1)
+            table = np.where(counted > 0, mean, _REFUSED)  # (G, n)
+            picked, cols = assign(table)
+            accepted = table[picked, cols] <= spec.max_epipolar_px
+            picked, cols = picked[accepted], cols[accepted]
+            members[picked, v] = cols
+            for g, j in zip(picked.tolist(), cols.tolist()):
+                groups[g][v] = j
+            taken = set(cols.tolist())
+            new = [j for j in range(n) if j not in taken]
         else:
-            groups.extend({v: j} for j in range(n))
+            new = list(range(n))
+        groups.extend({v: j} for j in new)
+        added = np.full((len(new), c), -1, np.intp)
+        added[:, v] = new
+        members = np.concatenate([members, added])
     return groups

@@ -57,9 +57,22 @@ def view_normals(blocks: np.ndarray, x: np.ndarray, y: np.ndarray, weights: np.n
 def _adjugate(m: np.ndarray) -> tuple[np.ndarray, ...]:
     """The symmetric 3x3 parts of normal equations (9, ...) -> their adjugate's six entries and det."""
     m00, m01, m02, m11, m12, m22 = m[:6]
-    c00, c01, c02 = m11 * m22 - m12 * m12, m02 * m12 - m01 * m22, m01 * m12 - m02 * m11
-    c11, c12, c22 = m00 * m22 - m02 * m02, m01 * m02 - m00 * m12, m00 * m11 - m01 * m01
-    return c00, c01, c02, c11, c12, c22, m00 * c00 + m01 * c01 + m02 * c02
+    c00 = m11 * m22
+    c00 -= m12 * m12
+    c01 = m02 * m12
+    c01 -= m01 * m22
+    c02 = m01 * m12
+    c02 -= m02 * m11
+    c11 = m00 * m22
+    c11 -= m02 * m02
+    c12 = m01 * m02
+    c12 -= m00 * m12
+    c22 = m00 * m11
+    c22 -= m01 * m01
+    det = m00 * c00
+    det += m01 * c01
+    det += m02 * c02
+    return c00, c01, c02, c11, c12, c22, det
 
 
 def solve_normals(m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -67,12 +80,23 @@ def solve_normals(m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     whether each system was solvable (...): not singular relative to its own size (trace^3)."""
     c00, c01, c02, c11, c12, c22, det = _adjugate(m)
     m03, m13, m23 = m[6:]
-    ok = np.abs(det) > 1e-12 * (m[0] + m[3] + m[5]) ** 3
-    minus_inverse = np.where(ok, -1.0 / np.where(ok, det, 1.0), 0.0)  # the right-hand side is -(m03, m13, m23)
+    size = m[0] + m[3]
+    size += m[5]
+    cube = size * size
+    cube *= size
+    cube *= 1e-12
+    ok = np.abs(det) > cube
+    # the right-hand side is -(m03, m13, m23): each coordinate is -(row of the adjugate . rhs) / det
+    minus_inverse = np.where(ok, det, 1.0)
+    np.divide(-1.0, minus_inverse, out=minus_inverse)
+    minus_inverse *= ok
     points = np.empty((3, *det.shape))
-    points[0] = (c00 * m03 + c01 * m13 + c02 * m23) * minus_inverse
-    points[1] = (c01 * m03 + c11 * m13 + c12 * m23) * minus_inverse
-    points[2] = (c02 * m03 + c12 * m13 + c22 * m23) * minus_inverse
+    for i, (a, b, c) in enumerate(((c00, c01, c02), (c01, c11, c12), (c02, c12, c22))):
+        row = points[i]
+        np.multiply(a, m03, out=row)
+        row += b * m13
+        row += c * m23
+        row *= minus_inverse
     return points, ok
 
 

@@ -3,7 +3,7 @@
 ``WorldFuser.step`` takes each camera's frame of the step (its clock, detections and keypoints) and:
 
 1. keeps the views within ``window_s`` of the step's median clock (a lagging camera is left out);
-2. undistorts the keypoints (camera.UndistortGrid) and associates persons across views (stages.mocap.associate);
+2. undistorts the keypoints (stages.mocap.undistort) and associates persons across views (stages.mocap.associate);
 3. triangulates each world person (stages.mocap.triangulate); a view outvoted on most of a person's
    points leaves that person, who is solved again;
 4. keeps world ids: the last step's person that shares the most camera tracks, else the nearest one
@@ -16,6 +16,7 @@ the device loop.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -26,8 +27,9 @@ from stages.smoothing import KeypointSmoother
 from stages.types import Detections, Keypoints
 
 from .associate import Association, View, assign, associate
-from .camera import CameraSet, Rig, UndistortGrid
-from .triangulate import Triangulation, triangulate
+from .camera import CameraSet, Rig
+from .triangulate import Triangulation, triangulate_rows
+from .undistort import GridSet, UndistortGrid
 
 _BODY = slice(0, 15)  # Sapiens2's body joints: a person's position for identity is their mean
 
@@ -41,8 +43,8 @@ class Fusion:
     this fraction of a person's points leaves the person."""
 
     window_s: float = 0.02
-    association: Association = Association()
-    triangulation: Triangulation = Triangulation()
+    association: Association = field(default_factory=Association)
+    triangulation: Triangulation = field(default_factory=Triangulation)
     max_speed_mps: float = 4.0
     forget_s: float = 1.0
     smooth: tuple[float, float] | None = None
@@ -119,6 +121,7 @@ class WorldFuser:
         self._smoother = KeypointSmoother(*spec.smooth, max_age_s=spec.forget_s) if spec.smooth else None
         self._sets: dict[tuple[str, ...], CameraSet] = {}  # the cameras of a step, by names (a few combinations)
         self._undistort = {name: UndistortGrid(rig[name]) for name in rig.names}  # built once: tens of ms each
+        self._grids: dict[tuple[str, ...], GridSet] = {}  # the step's cameras' tables, by names
 
     def step(self, views: Mapping[str, CameraView], random_weights: bool = False) -> WorldFrame:
         """Fuse one step. ``views``: camera name -> its view (cameras the rig lacks are refused)."""
@@ -127,12 +130,15 @@ class WorldFuser:
         if unknown:
             raise KeyError(f"cameras {unknown} are not in the calibration")
         clocks = {name: view.clock_s for name, view in views.items()}
-        middle = float(np.median(list(clocks.values()))) if clocks else 0.0
+        middle = _median(list(clocks.values())) if clocks else 0.0
         inside = {name: v for name, v in views.items() if abs(v.clock_s - middle) <= self.spec.window_s}
         late = sorted(set(views) - set(inside))
         names = [name for name in self.names if name in inside]  # rig order
         cams = [self.rig[name] for name in names]
-        normalised = [self._undistort[name](inside[name].keypoints.xy) for name in names]
+        grids = self._grids.get(tuple(names))
+        if grids is None:
+            grids = self._grids[tuple(names)] = GridSet([self._undistort[name] for name in names])
+        normalised = grids([inside[name].keypoints.xy for name in names])
         groups = associate([View(cam, nrm, inside[name].keypoints.scores) for name, cam, nrm
                             in zip(names, cams, normalised)], self.spec.association)
         multi = [g for g in groups if len(g) >= 2]
@@ -153,7 +159,7 @@ class WorldFuser:
             valid = valid & np.isfinite(smoothed).all(axis=-1)
             xyz = np.where(valid[..., None], smoothed, 0.0).astype(np.float32)
             error, count = np.where(valid, error, 0.0).astype(np.float32), np.where(valid, count, 0).astype(np.uint8)
-        capture = int(np.median([v.capture_ns for v in inside.values()])) if inside else time.time_ns()
+        capture = int(_median([v.capture_ns for v in inside.values()])) if inside else time.time_ns()
         frame = WorldFrame(self._index, capture, middle, list(self.names),
                            {name: int(v.frame_index) for name, v in inside.items()}, xyz, valid, error, count, ids,
                            members, single, {"triangulate": (time.perf_counter() - t0) * 1000.0}, late, random_weights)
@@ -173,9 +179,9 @@ class WorldFuser:
         spec = self.spec.triangulation
         left: list[dict[int, int]] = []
         for _ in range(2):
-            pixels, scores, nrm = self._stack(names, inside, normalised, groups)
-            points = triangulate(cams, pixels, scores, nrm, spec)
-            wanted = scores >= spec.min_score  # (P, C, K)
+            rows = self._stack(names, inside, normalised, groups)
+            points = triangulate_rows(cams, rows, spec)
+            wanted = rows[4].swapaxes(0, 1) >= spec.min_score  # (P, C, K)
             tested = wanted & points.valid[:, None, :]  # points the other views solved
             rejected = tested & ~points.used  # ... without this view
             n_tested, n_rejected = tested.sum(axis=2), rejected.sum(axis=2)  # (P, C)
@@ -193,24 +199,22 @@ class WorldFuser:
         kept = [g for g in groups if len(g) >= 2]
         left += [g for g in groups if len(g) == 1]
         if len(kept) != len(groups):
-            pixels, scores, nrm = self._stack(names, inside, normalised, kept)
-            points = triangulate(cams, pixels, scores, nrm, spec)
+            points = triangulate_rows(cams, self._stack(names, inside, normalised, kept), spec)
         return (points.xyz, points.valid, points.error, points.views), kept, left
 
     @staticmethod
     def _stack(names: list[str], inside: Mapping[str, CameraView], normalised: list[np.ndarray],
-               groups: list[dict[int, int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(P, C, K, 2) pixels, (P, C, K) scores (0 where a camera lacks the person), (P, C, K, 2) normalised."""
+               groups: list[dict[int, int]]) -> np.ndarray:
+        """(5, C, P, K) the groups' pixels u, v, normalised x, y and scores, one row per view (zeros
+        where a camera lacks the person): ``triangulate_rows``'s layout."""
         c = len(names)
         k = normalised[0].shape[1] if normalised else 0
-        pixels = np.zeros((len(groups), c, k, 2))
-        nrm = np.zeros((len(groups), c, k, 2))
-        scores = np.zeros((len(groups), c, k))
+        rows = np.zeros((5, c, len(groups), k))
         for p, group in enumerate(groups):
             for v, i in group.items():
                 kp = inside[names[v]].keypoints
-                pixels[p, v], scores[p, v], nrm[p, v] = kp.xy[i], kp.scores[i], normalised[v][i]
-        return pixels, scores, nrm
+                rows[:2, v, p], rows[2:4, v, p], rows[4, v, p] = kp.xy[i].T, normalised[v][i].T, kp.scores[i]
+        return rows
 
     def _identify(self, names: list[str], inside: Mapping[str, CameraView], groups: list[dict[int, int]],
                   points: tuple | None, now: float) -> np.ndarray:
@@ -219,36 +223,46 @@ class WorldFuser:
         if not groups:
             return np.zeros((0,), np.int64)
         xyz, valid = points[0], points[1]
-        centres = []
+        centres = []  # each person's position: the mean of their valid body joints, else of all their valid points
         for p in range(len(groups)):
-            ok = valid[p, _BODY] if valid[p, _BODY].any() else valid[p]
-            pts = xyz[p, _BODY][ok] if valid[p, _BODY].any() else xyz[p][ok]
-            centres.append(pts.mean(axis=0) if len(pts) else None)
-        keys = [{(names[v], int(inside[names[v]].detections.track_ids[i])) for v, i in g.items()
-                 if inside[names[v]].detections.track_ids[i] >= 0} for g in groups]
+            body = valid[p, _BODY]
+            pts = xyz[p, _BODY][body] if body.any() else xyz[p][valid[p]]
+            centres.append(pts.sum(axis=0) / len(pts) if len(pts) else None)  # np.mean's value, a tenth the calls
+        tracks = {name: inside[name].detections.track_ids.tolist() for name in names}
+        keys = [{(names[v], tracks[names[v]][i]) for v, i in g.items() if tracks[names[v]][i] >= 0} for g in groups]
         known = list(self._known.items())
         cost = np.full((len(groups), len(known)), 1e9)
         for p in range(len(groups)):
+            centre = None if centres[p] is None else centres[p].tolist()
             for q, (_, k) in enumerate(known):
                 shared = len(keys[p] & k.keys)
                 if shared:
                     cost[p, q] = -float(shared)
-                elif centres[p] is not None:
+                elif centre is not None:
                     reach = self.spec.max_speed_mps * max(now - k.seen_s, 0.0) + 0.3
-                    distance = float(np.linalg.norm(centres[p] - k.centre))
+                    distance = math.dist(centre, k.centre.tolist())
                     if distance <= reach:
                         cost[p, q] = distance
-        ids = np.full(len(groups), -1, np.int64)
+        ids = [-1] * len(groups)
         if known:
             rows, cols = assign(cost)
-            for p, q in zip(rows, cols):
+            for p, q in zip(rows.tolist(), cols.tolist()):
                 if cost[p, q] < 1e9:
                     ids[p] = known[q][0]
         for p in range(len(groups)):
             if ids[p] < 0:
                 ids[p] = self._next_id
                 self._next_id += 1
-            old = self._known.get(int(ids[p]))
+            old = self._known.get(ids[p])
             centre = centres[p] if centres[p] is not None else (old.centre if old else np.zeros(3))
-            self._known[int(ids[p])] = _Known(centre, now, keys[p])
-        return ids
+            self._known[ids[p]] = _Known(centre, now, keys[p])
+        return np.array(ids, np.int64)
+
+
+def _median(values: list[float] | list[int]) -> float:
+    """np.median of a few numbers (as float64), without its array machinery."""
+    ordered = sorted(values)
+    half = len(ordered) // 2
+    if len(ordered) % 2:
+        return float(ordered[half])
+    return (float(ordered[half - 1]) + float(ordered[half])) / 2

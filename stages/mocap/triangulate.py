@@ -20,6 +20,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -67,17 +68,26 @@ class Points3D:
     used: np.ndarray
 
 
-def noise_of(errors: np.ndarray, used: np.ndarray, max_error_px: float) -> float:
+def noise_of(squares: np.ndarray, used: np.ndarray, max_error_px: float) -> float:
     """The detectors' pixel noise as a step's points show it: the median, over the points of three
     or more views all within ``max_error_px``, of their squared errors' sum per degree of freedom
-    (two per view, less three); errors and used (C, N). ``max_error_px`` / 10 when no point has such
-    views; at least 0.1 px."""
+    (two per view, less three); squared errors and used (C, N). ``max_error_px`` / 10 when no point
+    has such views; at least 0.1 px."""
     count = used.sum(axis=0)
-    squares = np.where(used, errors * errors, 0.0)  # (C, N)
+    squares = np.where(used, squares, 0.0)  # (C, N)
     clean = (count >= 3) & (squares.max(axis=0) <= max_error_px ** 2)
     if not clean.any():
         return max_error_px / 10
-    return max(float(np.sqrt(np.median(squares.sum(axis=0)[clean] / (2 * count[clean] - 3)))), 0.1)
+    return max(float(np.sqrt(_median(squares.sum(axis=0)[clean] / (2 * count[clean] - 3)))), 0.1)
+
+
+def _median(values: np.ndarray) -> float:
+    """np.median of a 1-D array by partition (np.median's checks cost more than the partition)."""
+    half = len(values) // 2
+    if len(values) % 2:
+        return float(np.partition(values, half)[half])
+    low, high = np.partition(values, (half - 1, half))[half - 1:half + 1]
+    return float((low + high) / 2)
 
 
 @dataclass
@@ -88,7 +98,7 @@ class _Fit:
     chosen: np.ndarray  # (C, N) the views of each set
     xyz: np.ndarray  # (3, N)
     solvable: np.ndarray  # (N,)
-    errors: np.ndarray  # (C, N) px against the set's point
+    errors: np.ndarray  # (C, N) squared px against the set's point
     front: np.ndarray  # (C, N)
     surprise: np.ndarray | None  # (C, N) a view's left-out error squared over its expected square
     without: np.ndarray  # (C, 3, N) the point of the set's views other than each
@@ -97,8 +107,10 @@ class _Fit:
 
     def put(self, rows: np.ndarray, part: _Fit) -> None:
         """Take ``part``'s sets for the points ``rows``."""
-        for name in ("chosen", "xyz", "errors", "front", "agree", "sure"):
-            getattr(self, name)[:, rows] = getattr(part, name)
+        for name in ("chosen", "xyz", "errors", "front", "agree", "sure", "surprise"):
+            if getattr(self, name) is not None:
+                getattr(self, name)[..., rows] = getattr(part, name)
+        self.without[:, :, rows] = part.without
         self.solvable[rows] = part.solvable
 
 
@@ -110,139 +122,180 @@ class _Solver:
                  offered: np.ndarray, spec: Triangulation) -> None:
         self.views, self.parts, self.weights, self.u, self.v, self.offered, self.spec = \
             views, parts, weights, u, v, offered, spec
-        self.noise = spec.max_error_px / 10
+        self.u32, self.v32 = u.astype(np.float32), v.astype(np.float32)
+        self.c = len(views.cameras)
+        self.limit = spec.max_error_px ** 2
+        self.measured: tuple[np.ndarray, np.ndarray] | None = None  # the first fit's squared errors and sets
+        self._noise: float | None = None
         self.centres = views.cached("centres", lambda: np.stack([c.centre for c in views.cameras]).T[:, :, None])
-        self.rotations = views.rotations.reshape(-1, 3, 3)[:, :, :, None]  # (C, 3, 3, 1): rows r1, r2, r3
-        self.min_sine = float(np.sin(np.radians(spec.min_angle_deg)))
+        self.centres32 = views.cached("centres32", lambda: self.centres.astype(np.float32))  # (3, C, 1)
+        self.rotations = views.rotations.reshape(-1, 3, 3)  # (C, 3, 3): rows r1, r2, r3
+        self.pairs = views.cached("pairs", lambda: np.triu_indices(self.c, 1))  # (Q,) each: the pairs of views
+        self.max_cos2 = float(np.cos(np.radians(spec.min_angle_deg)) ** 2) if spec.min_angle_deg else 1.0
+
+    @property
+    def noise(self) -> float:
+        """The step's pixel noise (``noise_of`` the first fit's errors), measured when first asked for."""
+        if self._noise is None:
+            self._noise = self.spec.max_error_px / 10 if self.measured is None else \
+                noise_of(*self.measured, self.spec.max_error_px)
+        return self._noise
 
     def errors(self, xyz: np.ndarray, rows: np.ndarray | slice) -> tuple[np.ndarray, np.ndarray]:
-        """Points (3, N) of the points ``rows`` -> each view's pixel error and in_front (C, N)."""
+        """Points (3, N) of the points ``rows`` -> each view's squared pixel error and in_front (C, N)."""
         u, v, front = self.views.project_rows(xyz)
         du, dv = u - self.u[:, rows], v - self.v[:, rows]
-        return np.sqrt(du * du + dv * dv), front
+        return du * du + dv * dv, front
 
     def fit(self, chosen: np.ndarray, rows: np.ndarray | slice = slice(None), strict: np.ndarray | None = None,
             first: bool = False) -> _Fit:
         """The point of each set ``chosen`` (C, N) of the points ``rows`` and how its views agree with
         it (module docstring, step 2); ``strict`` (C, N): the suspect views (step 4). ``first``: the
-        sets are what the views offer, and the step's noise is measured on their errors."""
-        parts, spec = self.parts[:, :, rows], self.spec
-        inside = parts if first else np.where(chosen, parts, 0.0)  # (9, C, N)
-        total = inside.sum(axis=1)  # (9, N)
-        xyz, solvable = solve_normals(total)  # (3, N), (N,)
-        errors, front = self.errors(xyz, rows)
+        sets are what the views offer (their step's noise is measured on these errors)."""
+        c, limit = self.c, self.limit
+        inside = self.parts if first else np.where(chosen, self.parts[:, :, rows], 0.0)  # (9, C, T)
+        t = inside.shape[2]
+        # The set's equations and, beside them, the set's without each view: one solve for all
+        systems = _buffer(self.views, "systems", (9, c + 1, t))
+        total = systems[:, c]  # (9, T)
+        np.copyto(total, inside[:, 0])
+        for i in range(1, c):
+            total += inside[:, i]
+        np.subtract(total[:, None], inside, out=systems[:, :c])
+        points, ok = solve_normals(systems)  # (3, C + 1, T), (C + 1, T)
+        xyz, solvable, others = points[:, c], ok[c], points[:, :c].swapaxes(0, 1)  # (3, T), (T,), (C, 3, T)
+        # ... and one projection: the set's point in every view, each view's left-out point in that view
+        both = _buffer(self.views, "both", (c, 3, 2 * t), np.float32)  # pixel errors to 1e-4 px: float32 will do
+        both[:, :, :t] = xyz
+        both[:, :, t:] = others
+        u, v, front_both, cam = self.views.project_each(both)  # (C, 2T) each, cam (C, 3, 2T)
+        du = u.reshape(c, 2, t) - (self.u32 if first else self.u32[:, rows])[:, None]
+        dv = v.reshape(c, 2, t) - (self.v32 if first else self.v32[:, rows])[:, None]
+        both_errors = du * du
+        both_errors += dv * dv  # (C, 2, T)
+        errors, squared = both_errors[:, 0], both_errors[:, 1]  # (C, T) each: against the set's, the left-out point
+        front, front_out = front_both[:, :t], front_both[:, t:]
         if first:
-            self.noise = noise_of(errors, chosen, spec.max_error_px)
-        # each view left out: nine (C, N) entries (a (9, C, N) array, 355 kB at 4 x 4, would be given back
-        # to the system and faulted in again at every step, as ``_scratch`` says)
-        left = [total[i] - inside[i] for i in range(9)]
-        others, ok = solve_normals(left)  # (3, C, N), (C, N)
-        others = others.swapaxes(0, 1)  # (C, 3, N)
-        u, v, front_out, cam = self.views.project_each(others)
-        du, dv = u - self.u[:, rows], v - self.v[:, rows]
-        squared = du * du + dv * dv  # (C, N)
-        checked = chosen & ok & (chosen.sum(axis=0) >= 3)
-        limit = spec.max_error_px ** 2
+            self.measured = (errors, chosen)
+        count = chosen.sum(axis=0)
+        checked = chosen & ok[:c] & (count >= 3)
+        over = squared > limit
         # What the others' own noise explains: their point's covariance is noise^2 w^2 (z / f)^2 A^-1
         # (A the 3x3 part of their normal equations, w^2 their mean squared score, z / f taken alike
         # for the views), so its projection into the view spreads by noise^2 w^2 (j1 A^-1 j1^T +
         # j2 A^-1 j2^T) squared pixels, j1 and j2 the rows r1 - x r3, r2 - y r3 of the view's rotation
         # at the point's normalised coordinates (x, y): the Jacobian of its projection. Needed only
         # where a view is over the threshold, and to choose which view to drop (not ``first``).
-        expected = np.zeros(squared.shape)
-        need = checked & (squared > limit) if first else checked
+        expected = np.zeros((c, t)) if not first else None
+        within = ~over
+        need = checked & over if first else checked
         if need.any():
             at = np.nonzero(need)
-            inverse_z = 1.0 / np.where(cam[:, 2][at] > 1e-9, cam[:, 2][at], 1.0)
-            x, y = cam[:, 0][at] * inverse_z, cam[:, 1][at] * inverse_z
-            r = self.rotations[at[0], :, :, 0]  # (M, 3, 3)
+            out = cam[:, :, t:]  # (C, 3, T) the left-out points in their view's coordinates
+            inverse_z = 1.0 / np.where(out[:, 2][at] > 1e-9, out[:, 2][at], 1.0)
+            x, y = out[:, 0][at] * inverse_z, out[:, 1][at] * inverse_z
+            r = self.rotations[at[0]]  # (M, 3, 3)
             j1 = tuple(r[:, 0, i] - x * r[:, 2, i] for i in range(3))
             j2 = tuple(r[:, 1, i] - y * r[:, 2, i] for i in range(3))
-            w2 = np.where(chosen, self.weights[:, rows] ** 2, 0.0)  # (C, N)
+            w2 = np.where(chosen, self.weights[:, rows] ** 2, 0.0)  # (C, T)
             rest, rest4 = w2.sum(axis=0) - w2, np.sum(w2 * w2, axis=0) - w2 * w2
             mean_w2 = rest4[at] / np.where(rest[at] > 0, rest[at], 1.0)
-            expected[at] = self.noise ** 2 * mean_w2 * inverse_form([entry[at] for entry in left], [j1, j2])
-        allowed = 9 * expected if strict is None else np.where(strict, 0.0, 9 * expected)  # three deviations
-        left_ok = ~checked | (front_out & (squared - allowed <= limit))
+            spread = self.noise ** 2 * mean_w2 * inverse_form(systems[:, at[0], at[1]], [j1, j2])  # (M,)
+            if expected is not None:
+                expected[at] = spread
+            allowed = 9 * spread if strict is None else np.where(strict[at], 0.0, 9 * spread)  # three deviations
+            within[at] = squared[at] - allowed <= limit
+        left_ok = ~checked | (front_out & within)
         if strict is not None:  # checked by others that place the point on their own, or out
-            alone = self.widest(xyz, chosen, without=True) < self.min_sine
+            alone = ~self.wide(xyz, chosen, without=True)
             left_ok &= ~(chosen & strict & (~checked | alone))
-        agree = chosen & front & (errors <= spec.max_error_px) & left_ok & solvable
+        agree = chosen & front & (errors <= limit) & left_ok & solvable
         surprise = None
         if not first:
-            surprise = np.where(checked, squared / (expected + self.noise ** 2), errors * errors / self.noise ** 2)
+            noise2 = self.noise ** 2
+            surprise = np.where(checked, squared / (expected + noise2), errors / noise2)
             surprise = np.where(front_out | ~checked, surprise, np.inf)
-        sure = agree & checked & front_out & (squared <= limit)
+        sure = agree & checked & front_out & ~over
         return _Fit(chosen.copy(), xyz, solvable, errors, front, surprise, others, agree, sure)
 
-    def widest(self, xyz: np.ndarray, used: np.ndarray, without: bool = False) -> np.ndarray:
-        """(N,) the sine of the widest angle between two used views' rays to the points (3, N) (0
-        without two); ``without``: (C, N) the same without each view."""
-        x, y, z = (xyz[i] - self.centres[i] for i in range(3))  # (C, N) each: the rays
-        length2 = x * x + y * y + z * z
-        qa, qb = np.triu_indices(len(length2), 1)
-        dot = x[qa] * x[qb] + y[qa] * y[qb] + z[qa] * z[qb]  # (Q, N)
-        sine2 = 1.0 - dot * dot / np.maximum(length2[qa] * length2[qb], 1e-24)
-        sine2 = np.where(used[qa] & used[qb], sine2, 0.0)
+    def wide(self, xyz: np.ndarray, used: np.ndarray, without: bool = False) -> np.ndarray:
+        """(N,) whether two used views' rays to the points (3, N) are ``min_angle_deg`` apart or more;
+        ``without``: (C, N) the same without each view. (The angle's cosine against the rays' lengths:
+        no square root, no division.)"""
+        qa, qb = self.pairs
+        apart = used[qa] & used[qb]  # (Q, N)
+        if self.max_cos2 < 1:  # in float32: the angle to 1e-6 degrees
+            xyz = xyz.astype(np.float32)
+            x, y, z = (xyz[i] - self.centres32[i] for i in range(3))  # (C, N) each: the rays
+            length2 = x * x
+            length2 += y * y
+            length2 += z * z
+            dot = x[qa] * x[qb]
+            dot += y[qa] * y[qb]
+            dot += z[qa] * z[qb]  # (Q, N)
+            dot *= dot
+            bound = length2[qa] * length2[qb]
+            bound *= self.max_cos2
+            apart &= dot <= bound
         if without:
-            sine2 = np.stack([np.max(sine2[(qa != c) & (qb != c)], axis=0, initial=0.0) for c in range(len(length2))])
-        else:
-            sine2 = np.max(sine2, axis=0, initial=0.0)
-        return np.sqrt(np.maximum(sine2, 0.0))
+            return np.stack([apart[(qa != c) & (qb != c)].any(axis=0) for c in range(self.c)])
+        return apart.any(axis=0)
 
     def valid(self, fit: _Fit, angle: bool = True) -> np.ndarray:
         """(N,) points of enough views, every one agreeing, two of them ``min_angle_deg`` apart."""
         count = fit.chosen.sum(axis=0)
         valid = (count >= self.spec.min_views) & ~np.any(fit.chosen & ~fit.agree, axis=0) & fit.solvable
         if angle:
-            valid &= self.widest(fit.xyz, fit.chosen) >= self.min_sine
+            valid &= self.wide(fit.xyz, fit.chosen)
         return valid
 
     def consensus(self, rows: np.ndarray, suspect: np.ndarray | None = None) -> _Fit:
         """The views that agree most on each of the points ``rows`` (module docstring, step 3; with
         ``suspect`` (C, N), step 4)."""
-        offered, spec = self.offered[:, rows], self.spec
+        offered, limit = self.offered[:, rows], self.limit
         strict = None if suspect is None else suspect[:, rows]
         c, t = offered.shape
         pairable = offered if strict is None else offered & ~strict
-        qa, qb = np.triu_indices(c, 1)  # (Q,) each: the pairs of views
+        qa, qb = self.pairs
         q, point = np.nonzero(pairable[qa] & pairable[qb])  # (R,) each: a pair and a point it proposes for
         a, b = qa[q], qb[q]
         candidate, ok = solve_normals(self.parts[:, a, rows[point]] + self.parts[:, b, rows[point]])  # (3, R), (R,)
-        err, front = self.errors(candidate, rows[point])  # (C, R)
+        err, front = self.errors(candidate, rows[point])  # (C, R) squared
         ray_a, ray_b = candidate - self.centres[:, a, 0], candidate - self.centres[:, b, 0]  # (3, R)
         dot = np.sum(ray_a * ray_b, axis=0)
-        ok &= dot * dot <= (1.0 - self.min_sine ** 2) * np.sum(ray_a ** 2, axis=0) * np.sum(ray_b ** 2, axis=0)
-        inliers = offered[:, point] & front & (err <= spec.max_error_px) & ok  # (C, R)
+        ok &= dot * dot <= self.max_cos2 * np.sum(ray_a ** 2, axis=0) * np.sum(ray_b ** 2, axis=0)
+        inliers = offered[:, point] & front & (err <= limit) & ok  # (C, R)
         n = inliers.sum(axis=0)
-        rms = np.sqrt(np.sum(np.where(inliers, err * err, 0.0), axis=0) / np.maximum(n, 1))
+        mean = np.sum(np.where(inliers, err, 0.0), axis=0) / np.maximum(n, 1)
         if strict is not None:
             n = n - (inliers & strict[:, point]).sum(axis=0)  # a suspect view that agrees does not vote
-        order = np.lexsort((rms, -n, point))  # each point's best candidate first: the most views, the lowest error
+        order = np.lexsort((mean, -n, point))  # each point's best candidate first: the most views, the lowest error
         first = np.ones(len(order), bool)
         first[1:] = point[order][1:] != point[order][:-1]
         best = order[first]
         chosen = np.zeros((c, t), bool)
         chosen[:, point[best]] = inliers[:, best]
         dropped = np.zeros((c, t), bool)
-        for round_ in range(2 * c + 1):  # each round drops one view of some points, or lets agreeing views join
-            fit = self.fit(chosen, rows, strict)
-            if round_ == 2 * c:
-                break
+        fit = self.fit(chosen, rows, strict)
+        for _ in range(2 * c):  # each round drops one view of some points, or lets agreeing views join
             size = chosen.sum(axis=0)
             drop = np.flatnonzero(np.any(chosen & ~fit.agree, axis=0) & (size > 2))
             if drop.size:
                 worst = self._worst(fit, rows, drop)
                 chosen[worst, drop] = False
                 dropped[worst, drop] = True
-                continue
-            join = offered & ~chosen & ~dropped & fit.front & (fit.errors <= spec.max_error_px) & fit.solvable & \
-                (size >= 2)
-            if strict is not None:
-                join &= ~strict
-            if not join.any():
-                break
-            chosen |= join
+                changed = drop
+            else:
+                join = offered & ~chosen & ~dropped & fit.front & (fit.errors <= limit) & fit.solvable & (size >= 2)
+                if strict is not None:
+                    join &= ~strict
+                changed = np.flatnonzero(join.any(axis=0))
+                if not changed.size:
+                    break
+                chosen |= join
+            # only the points whose sets changed are solved again
+            fit.put(changed, self.fit(chosen[:, changed], rows[changed],
+                                      None if strict is None else strict[:, changed]))
         return fit
 
     def _worst(self, fit: _Fit, rows: np.ndarray, drop: np.ndarray) -> np.ndarray:
@@ -250,13 +303,15 @@ class _Solver:
         one without which the others agree best (the least sum of squared errors against their own
         point); of three, the one the other two place the most unexpectedly far (removing any one of
         three leaves a pair, and a pair always agrees)."""
+        c, d = self.c, len(drop)
         sets = fit.chosen[:, drop]  # (C, D)
-        rest = np.empty(sets.shape)
-        for c in range(len(sets)):  # the point of the views other than c, in every camera
-            err, front = self.errors(fit.without[c][:, drop], rows[drop])  # (C, D)
-            others = sets.copy()
-            others[c] = False
-            rest[c] = np.sum(np.where(others, np.where(front, err, np.inf) ** 2, 0.0), axis=0)
+        # every view's left-out point in every camera, in one projection: (camera, left out, D)
+        u, v, front = self.views.project_rows(fit.without[:, :, drop].swapaxes(0, 1).reshape(3, c * d))
+        du = u.reshape(c, c, d) - self.u[:, rows[drop]][:, None]
+        dv = v.reshape(c, c, d) - self.v[:, rows[drop]][:, None]
+        squared = np.where(front.reshape(c, c, d), du * du + dv * dv, np.inf)
+        others = sets[:, None, :] & ~np.eye(c, dtype=bool)[:, :, None]  # (camera, left out, D)
+        rest = np.sum(np.where(others, squared, 0.0), axis=0)  # (C, D)
         surprise = np.where(fit.front[:, drop], fit.surprise[:, drop], np.inf)
         badness = np.where(sets.sum(axis=0) >= 4, -rest, surprise)
         return np.argmax(np.where(sets, badness, -np.inf), axis=0)
@@ -270,68 +325,91 @@ def triangulate(cameras: Sequence[Camera] | CameraSet, pixels: np.ndarray, score
     detected (distorted); scores (P, C, K), 0 where a camera does not see the person; normalised
     (P, C, K, 2): ``pixels`` undistorted by each camera.
     """
-    views = cameras if isinstance(cameras, CameraSet) else CameraSet(cameras)
     p, c, k = scores.shape
-    # One column per point: (P, C, K, ...) -> (C, P*K, ...); one row per view
-    pix = np.moveaxis(pixels, 0, 1).reshape(c, p * k, 2)
-    nrm = np.moveaxis(normalised, 0, 1).reshape(c, p * k, 2)
-    score = np.moveaxis(scores, 0, 1).reshape(c, p * k)
+    rows = np.empty((5, c, p, k))
+    rows[:2], rows[2:4] = np.moveaxis(pixels, (3, 1), (0, 1)), np.moveaxis(normalised, (3, 1), (0, 1))
+    rows[4] = np.moveaxis(scores, 1, 0)
+    return triangulate_rows(cameras, rows, spec)
+
+
+def triangulate_rows(cameras: Sequence[Camera] | CameraSet, rows: np.ndarray,
+                     spec: Triangulation = Triangulation()) -> Points3D:
+    """``triangulate`` of keypoints laid out as one row per view: rows (5, C, P, K) float64 of the
+    pixels' u, v, the normalised x, y and the scores (what the world step stacks them as)."""
+    views = cameras if isinstance(cameras, CameraSet) else CameraSet(cameras)
+    _, c, p, k = rows.shape
+    u, v, x, y, score = rows.reshape(5, c, p * k)  # (C, N) each: one column per point
     # one test of a sum for five: a sum is finite exactly when its terms are (float32 keypoints and
-    # their undistortion cannot overflow a float64 sum), and reductions over an axis of 2 are slow
-    u, v = pix[..., 0], pix[..., 1]  # (C, N)
-    finite = np.isfinite(u + v + nrm[..., 0] + nrm[..., 1] + score)
-    offered = finite & (score >= spec.min_score)  # (C, N)
-    u, v = np.where(finite, u, 0.0), np.where(finite, v, 0.0)
+    # their undistortion cannot overflow a float64 sum)
+    finite = np.isfinite(u + v + x + y + score)
+    offered = score >= spec.min_score  # (C, N)
+    if not finite.all():
+        u, v, x, y, score = (np.where(finite, a, 0.0) for a in (u, v, x, y, score))
+        offered &= finite
     weights = np.where(offered, score, 0.0)
     blocks = views.cached("view_blocks", lambda: normal_blocks(np.stack([c.extrinsic for c in views.cameras])))
-    parts = view_normals(blocks, np.where(finite, nrm[..., 0], 0.0), np.where(finite, nrm[..., 1], 0.0), weights,
-                         _scratch(views, p * k))  # (9, C, N)
+    parts = view_normals(blocks, x, y, weights, _buffer(views, "parts", (9, c, p * k)))  # (9, C, N)
     solver = _Solver(views, parts, weights, u, v, offered, spec)
     # Every point from all its views (whole arrays: no gather, no scatter); the points whose views do
     # not all agree look for their consensus, a few at a time.
     fit = solver.fit(offered, first=True)
     count = offered.sum(axis=0)
-    todo = np.flatnonzero((count >= spec.min_views) & (np.any(offered & ~fit.agree, axis=0) | ~fit.solvable))
+    enough = count >= spec.min_views
+    disagree = np.any(offered ^ fit.agree, axis=0)  # (the views that agree are offered ones)
+    todo = np.flatnonzero(enough & (disagree | ~fit.solvable))
     if todo.size:
         fit.put(todo, solver.consensus(todo))
+        valid = solver.valid(fit, angle=False)
+    else:
+        valid = enough & ~disagree & fit.solvable
     # Then the points of the views a person's other points caught wrong, with those views suspect.
-    suspect = _suspects(offered, fit.chosen, solver.valid(fit, angle=False), p, spec.suspect_share)  # (C, N)
-    # (not the points where such a view is left out already, nor where the others check it as they would)
-    doubt = suspect & fit.chosen & ~fit.sure
-    rows = np.flatnonzero((suspect & fit.sure).any(axis=0))
-    if rows.size:
-        alone = solver.widest(fit.xyz[:, rows], fit.chosen[:, rows], without=True) < solver.min_sine  # (C, R)
-        doubt[:, rows] |= suspect[:, rows] & fit.sure[:, rows] & alone
-    todo = np.flatnonzero(doubt.any(axis=0) & (count >= spec.min_views))
+    suspect = _suspects(offered, count, fit.chosen, valid, p, spec.suspect_share)  # (C, N)
+    if suspect is not None:
+        # (not the points where such a view is left out already, nor where the others check it as they would)
+        doubt = suspect & fit.chosen & ~fit.sure
+        rows = np.flatnonzero((suspect & fit.sure).any(axis=0))
+        if rows.size:
+            alone = ~solver.wide(fit.xyz[:, rows], fit.chosen[:, rows], without=True)  # (C, R)
+            doubt[:, rows] |= suspect[:, rows] & fit.sure[:, rows] & alone
+        again = np.flatnonzero(doubt.any(axis=0) & enough)
+        if again.size:
+            fit.put(again, solver.consensus(again, suspect))
+            todo = np.union1d(todo, again)
     if todo.size:
-        fit.put(todo, solver.consensus(todo, suspect))
-    valid = solver.valid(fit)
+        valid = solver.valid(fit, angle=False)
+    valid &= solver.wide(fit.xyz, fit.chosen)
     used = fit.chosen & valid
     count = used.sum(axis=0)
-    rms = np.sqrt(np.sum(np.where(used, fit.errors ** 2, 0.0), axis=0) / np.maximum(count, 1))
+    rms = np.sqrt(np.sum(np.where(used, fit.errors, 0.0), axis=0) / np.maximum(count, 1))
     return Points3D(np.where(valid, fit.xyz, 0.0).T.reshape(p, k, 3).astype(np.float32), valid.reshape(p, k),
                     rms.reshape(p, k).astype(np.float32), count.reshape(p, k).astype(np.uint8),
                     used.reshape(c, p, k).swapaxes(0, 1))
 
 
-def _scratch(views: CameraSet, n: int) -> np.ndarray:
-    """A (9, C, n) array for the views' normal equations, kept with the CameraSet from step to step
-    (its capacity grows): a fresh one each step (355 kB at 4 persons x 4 cameras) made glibc give
-    its heap back to the system at the end of the step and fault it in again at the next, some 120
-    page faults a step. A CameraSet is one world step's, used by one thread."""
-    kept = views.cached("scratch", dict)
-    c = len(views.cameras)
-    if kept.get("array") is None or kept["array"].shape[2] < n:
-        kept["array"] = np.empty((9, c, max(n, 2 * (0 if kept.get("array") is None else kept["array"].shape[2]))))
-    return kept["array"][:, :, :n]
+def _buffer(views: CameraSet, name: str, shape: tuple[int, ...], dtype: type = np.float64) -> np.ndarray:
+    """A contiguous array of ``shape`` kept with the CameraSet from step to step (its
+    capacity grows): a fresh one each step (the normal equations: 355 kB at 4 persons x 4 cameras)
+    made glibc give its heap back to the system at the end of the step and fault it in again at the
+    next, some 120 page faults a step. A CameraSet is one world step's, used by one thread; what a
+    buffer holds is used within the call that fills it."""
+    kept = views.cached("buffers", dict)
+    size = math.prod(shape)
+    flat = kept.get(name)
+    if flat is None or flat.size < size:
+        kept[name] = flat = np.empty(max(size, 0 if flat is None else 2 * flat.size), dtype)
+    return flat[:size].reshape(shape)
 
 
-def _suspects(offered: np.ndarray, used: np.ndarray, valid: np.ndarray, persons: int, share: float) -> np.ndarray:
+def _suspects(offered: np.ndarray, count: np.ndarray, used: np.ndarray, valid: np.ndarray, persons: int,
+              share: float) -> np.ndarray | None:
     """(C, N): the views a point is offered by that are suspect for its person: outvoted on more than
-    ``share`` of the person's valid points of three or more views (module docstring, step 4)."""
+    ``share`` of the person's valid points of three or more views (module docstring, step 4); None
+    when no view is; ``count`` (N,) the views each point is offered by."""
     c, n = used.shape
     k = n // max(persons, 1)
-    checkable = offered & (valid & (offered.sum(axis=0) >= 3))  # (C, N)
+    checkable = offered & (valid & (count >= 3))  # (C, N)
     outvoted = (checkable & ~used).reshape(c, persons, k).sum(axis=2)  # (C, P)
     suspect = outvoted > share * checkable.reshape(c, persons, k).sum(axis=2)
+    if not suspect.any():
+        return None
     return offered & np.repeat(suspect, k, axis=1)

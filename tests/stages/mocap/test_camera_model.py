@@ -1,5 +1,5 @@
 """The camera model's fast paths against the plain ones: the world step's undistortion table
-(camera.UndistortGrid) against OpenCV's iteration, a CameraSet's batched projection against each
+(undistort.UndistortGrid) against OpenCV's iteration, a CameraSet's batched projection against each
 camera's own, and the chunked normal equations of the triangulation against per-point least squares."""
 
 from __future__ import annotations
@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from pipeline.mocap.synthetic.people import horizontal_fov_matrix, look_at, ring_rig
-from stages.mocap.camera import Camera, CameraSet, UndistortGrid
+from stages.mocap.camera import Camera, CameraSet
 from stages.mocap.dlt import normal_blocks, solve_dlt
+from stages.mocap.undistort import GridSet, UndistortGrid
 
 
 def _camera(size=(1920, 1080), dist=(-0.12, 0.05, 0.0005, -0.0004, 0.0), fisheye=False, name="c") -> Camera:
@@ -53,6 +54,24 @@ def test_a_lens_the_table_cannot_follow_and_a_fisheye_keep_opencv() -> None:
     grid = UndistortGrid(fisheye)
     assert not grid.usable
     np.testing.assert_array_equal(grid(points), fisheye.undistort(points))
+
+
+def test_a_grid_set_looks_up_every_camera_as_its_own_table_does() -> None:
+    """The world step's one pass over all cameras: tables of two frame sizes (the smaller padded),
+    a lens no table follows, points on the padding, off every table and not finite: each camera's
+    keypoints come back exactly as its own table gives them."""
+    cameras = [_camera((1280, 720), name="a"), _camera((1920, 1080), name="b"),
+               _camera((1280, 720), dist=(-0.3, 0.1, 0.001, 0.001, -0.02), name="c"), _camera(name="d")]
+    grids = [UndistortGrid(c) for c in cameras]
+    batch = GridSet(grids)
+    assert batch.batched == [0, 1, 3]
+    pixels = [_pixels(c, 600, 30.0, seed=i).reshape(3, 200, 2).astype(np.float32) for i, c in enumerate(cameras)]
+    pixels[0][0, :3] = [[1500.0, 100.0], [np.nan, 3.0], [-500.0, 10.0]]  # on the padding, not finite, off
+    got = batch(pixels)
+    assert len(got) == 4
+    for grid, p, out in zip(grids, pixels, got):
+        assert out.shape == p.shape and out.dtype == np.float64
+        np.testing.assert_array_equal(out, grid(p))
 
 
 def test_a_camera_set_projects_as_each_camera_does() -> None:
@@ -120,3 +139,20 @@ def test_a_rescaled_camera_sees_the_world_in_its_resized_frame() -> None:
     assert front.all()
     np.testing.assert_allclose(small_px, (big_px + 0.5) * (1280 / 1920) - 0.5, atol=1e-9)
     np.testing.assert_allclose(small.undistort(small_px), full.undistort(big_px), atol=1e-6)
+
+
+def test_points_in_float32_project_as_in_float64_to_a_thousandth_of_a_pixel() -> None:
+    """The world step checks its pixel errors in float32 (``CameraSet.project_each``): batched pinhole
+    cameras and a fisheye one, each row projected into its own camera."""
+    cameras = [_camera(name="a"), _camera((1280, 720), name="b").with_pose(np.array([0.1, -0.2, 0.3]),
+                                                                         np.array([0.2, -0.1, 3.5])),
+               _camera(dist=(0.05, -0.01, 0.002, 0.0), fisheye=True, name="c")]
+    cams = CameraSet(cameras)
+    points = np.ascontiguousarray(np.random.default_rng(5).normal([0, 0, 1], [0.8, 0.8, 0.6], (3, 400, 3))
+                                  .transpose(0, 2, 1))  # (C, 3, N)
+    u, v, front, _ = cams.project_each(points)
+    u32, v32, front32, cam32 = cams.project_each(points.astype(np.float32))
+    assert u32.dtype == v32.dtype == cam32.dtype == np.float32
+    np.testing.assert_array_equal(front32, front)
+    assert front.mean() > 0.9
+    assert np.abs(u32 - u)[front].max() < 1e-3 and np.abs(v32 - v)[front].max() < 1e-3
