@@ -89,17 +89,6 @@ def phase_test_wedge(ctx: Ctx) -> None:
     _sleep_past_the_deadline(600)
 
 
-def phase_test_env(ctx: Ctx) -> None:
-    """Where a worker's Ultralytics settings and our cache go: Ultralytics imported as a phase that uses YOLO
-    imports it (it writes its settings file then)."""
-    import ultralytics.utils
-
-    where = dict(yolo_config_dir=os.environ.get("YOLO_CONFIG_DIR"), cache=os.environ.get("SAPIENS2_STREAM_CACHE"),
-                 settings_file=str(getattr(ultralytics.utils, "SETTINGS_FILE", "?")))
-    ctx.report.results["worker_env"] = where
-    ctx.say(f"\n## watchdog test: the worker's folders\n\n{where}")
-
-
 # name, function, H200 estimate (s; skipped when less budget is left), watchdog limit (s), about.
 # Estimates: the 2026-12-04 run on an H200 where a phase ran there (checkpoints 8-12 s, correctness 6 s
 # before its capped decode, forward 13 s, pipeline 40 s, reference 59 s, sources 17 s, compile 45 s,
@@ -144,7 +133,6 @@ RERUNS = [["e2e_more"], ["starts", "syncs", "compile", "fastpath", "transfers"]]
 TEST_PHASES: list[Phase] = [
     Phase("_hang", phase_test_hang, 0, 2, needs_ckpts=False, hidden=True),
     Phase("_wedge", phase_test_wedge, 0, 2, needs_ckpts=False, hidden=True),
-    Phase("_env", phase_test_env, 0, 60, needs_ckpts=False, hidden=True),
 ]
 
 
