@@ -219,7 +219,8 @@ def assemble(cfg: RunConfig, sources: Source | list[Source], stages: Stages, sin
     if stages.device.type == "cuda" or any(est.needs_warm_up for est in stages.estimators.values()):
         # Before the first frame, each stage on the stream that runs it: every fast path checked against
         # eager, every input shape run once (CUDA graphs captured, cuDNN tuned); compiling starts after.
-        seconds = engine.warm_up(cfg.max_persons * max(1, max_frames_per_step), max(1, max_frames_per_step),
+        persons = getattr(stages.detector, "persons_per_frame", None) or cfg.max_persons  # full frame: one
+        seconds = engine.warm_up(persons * max(1, max_frames_per_step), max(1, max_frames_per_step),
                                  tuple((s.info.height, s.info.width) for s in sources))
         stages.warmup_s = seconds
         log.info("warm-up %.1f s (%s)%s", sum(seconds.values()),

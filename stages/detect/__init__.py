@@ -23,10 +23,12 @@ class DetectorError(RuntimeError):
 
 class Detector(Protocol):
     """What the pipeline needs from a person detector (``kind``: how it finds persons, said in the
-    published status: ``yolo`` or ``full-frame``)."""
+    published status: ``yolo`` or ``full-frame``; ``persons_per_frame``: how many it finds in every
+    frame when that is known, else None: pose warms up and compiles only the batches it will see)."""
 
     random_weights: bool
     kind: str
+    persons_per_frame: int | None
 
     def detect(self, image_rgb: np.ndarray) -> Detections: ...
 
@@ -47,6 +49,7 @@ class FullFrameDetector:
 
     random_weights = False
     kind = "full-frame"
+    persons_per_frame = 1
 
     def detect(self, image_rgb: np.ndarray) -> Detections:
         check_input(image_rgb)

@@ -51,6 +51,7 @@ class PersonDetector:
     """
 
     kind = "yolo"
+    persons_per_frame = None  # up to max_persons
 
     def __init__(
         self,

@@ -333,6 +333,25 @@ def test_a_cuda_run_warms_up_before_its_first_frame_and_pipelines(estimators: di
     assert gpu.calls("device.synchronize") == []
 
 
+def test_with_the_full_frame_as_the_person_pose_warms_up_one_person_per_frame(estimators: dict, gpu: FakeGpu,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The whole frame is one box: a CUDA run captures (and with --compile compiles) pose for the batches
+    it will see, one person per frame of a step, not for --max-persons of them."""
+    import threading
+
+    from pipeline.cli.config import RunConfig
+    from pipeline.run.app import assemble
+    from stages.detect import FullFrameDetector
+
+    warmed: list[tuple] = []
+    real_warm_up = FrameEngine.warm_up
+    monkeypatch.setattr(FrameEngine, "warm_up", lambda self, *a: (warmed.append(a), real_warm_up(self, *a))[1])
+    cfg = RunConfig(source=["cam"], progress=False, max_persons=8)
+    assemble(cfg, [Frames(2)], Stages(CUDA, FullFrameDetector(), {"pose": estimators["pose"]}), [Collect()],
+             threading.Event())
+    assert warmed == [(1, 1, ((100, 120),))]
+
+
 # -- compiling ---------------------------------------------------------------------------------
 def test_compiled_kernels_are_kept_per_gpu_model(monkeypatch: pytest.MonkeyPatch) -> None:
     from stages.sapiens2.compiled import device_label
