@@ -130,6 +130,13 @@ def test_channels_last_that_disagrees_is_switched_off(monkeypatch, caplog) -> No
 
 
 # -- compile -------------------------------------------------------------------------------
+def _graphed(cuda: FakeCuda, est: Segmenter) -> Segmenter:
+    """The estimator with CUDA graphs on, as resolved on a GPU (its model watched by the stand-in)."""
+    cuda.watch(est.model)
+    est._forward = FastForward(est.model, replace(est.fastpath, cuda_graphs="on"), "seg")
+    return est
+
+
 def _compiled_stand_in(monkeypatch, make) -> None:
     """compile_model's compiled forwards are ``make(model)`` instead of torch.compile's."""
     monkeypatch.setattr(forward_mod, "compile_model", lambda model, mode, attention="auto": lambda shape: make(model))
@@ -200,9 +207,7 @@ def test_compiled_graphs_replace_the_eager_graphs_once_checked(monkeypatch, capl
     """On CUDA: eager graphs from the start, the compiled forward's graph for a shape once it agreed."""
     cuda = FakeCuda(monkeypatch)
     _compiled_stand_in(monkeypatch, lambda model: (lambda x: model(x)))
-    est, plain = _seg(FastPath(compile="default")), _seg()
-    cuda.watch(est.model)
-    est._forward = FastForward(est.model, replace(est.fastpath, cuda_graphs="on"), "seg")
+    est, plain = _graphed(cuda, _seg(FastPath(compile="default"))), _seg()
     frames = _frames(4)
     with cuda.on(2), caplog.at_level(logging.WARNING):
         est.warmup(max_batch=1)
@@ -245,9 +250,7 @@ def test_a_compiled_forward_that_raises_later_under_graphs_never_ends_the_run(fa
     compiled_graphs: list = []
     monkeypatch.setattr(FakeGraph, "replay", replay_or_raise)
     _compiled_stand_in(monkeypatch, make)
-    est, plain = _seg(FastPath(compile="default")), _seg()
-    cuda.watch(est.model)
-    est._forward = FastForward(est.model, replace(est.fastpath, cuda_graphs="on"), "seg")
+    est, plain = _graphed(cuda, _seg(FastPath(compile="default"))), _seg()
     frames = _frames(5)
     with cuda.on(2), caplog.at_level(logging.WARNING):
         est.warmup(max_batch=1)
@@ -293,10 +296,7 @@ def test_cuda_graph_captures_and_background_compiles_never_overlap(monkeypatch, 
 
     monkeypatch.setattr(LaneGraphs, "_capture", recorded)
     _compiled_stand_in(monkeypatch, make)
-    first, second, plain = _seg(FastPath(compile="default")), _seg(), _seg()
-    for est in (first, second):
-        cuda.watch(est.model)
-        est._forward = FastForward(est.model, replace(est.fastpath, cuda_graphs="on"), "seg")
+    first, second, plain = _graphed(cuda, _seg(FastPath(compile="default"))), _graphed(cuda, _seg()), _seg()
     x = torch.randn(2, 3, *SIZE, generator=torch.Generator().manual_seed(3))
     try:
         with caplog.at_level(logging.WARNING), torch.inference_mode():
