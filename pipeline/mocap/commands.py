@@ -86,6 +86,9 @@ def _add_world_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-angle-deg", type=float, default=defaults.world_min_angle_deg,
                    help=f"two of a point's views must see it from directions this far apart (default: "
                         f"{defaults.world_min_angle_deg:g})")
+    p.add_argument("--max-uncertainty-mm", type=float, default=defaults.world_max_uncertainty_mm,
+                   help=f"a point is placed only when the keypoints' noise leaves it within this error (RMS, mm) "
+                        f"through its views' geometry; 1e9: no bound (default: {defaults.world_max_uncertainty_mm:g})")
     p.add_argument("--trc-up", choices=["y", "z"], default="y", help="TRC up axis (y: OpenSim's, Z-up turned Y-up)")
 
 
@@ -195,7 +198,7 @@ def cmd_triangulate(args: argparse.Namespace) -> int:
                          args.calibration)
     options = MocapFields(world_window_ms=args.window_ms, world_max_error_px=args.max_error_px,
                           world_max_epipolar_px=args.max_epipolar_px, world_min_views=args.min_views,
-                          world_min_angle_deg=args.min_angle_deg)
+                          world_min_angle_deg=args.min_angle_deg, world_max_uncertainty_mm=args.max_uncertainty_mm)
     options.validate_mocap(["pose"])
     fuser = WorldFuser(rig, fusion_of(options, args.kpt_threshold, 1.0))
     k = next((len(p["keypoints"]) for lines in records.values() for r in lines for p in r.get("persons") or []

@@ -37,6 +37,11 @@ class MocapFields:
     world_min_angle_deg: float = option(15.0, "with --triangulate: two of a world point's views must see it from "
                                               "directions this far apart (degrees); cameras facing each other, "
                                               "or side by side far away, cannot place it along their rays")
+    world_max_uncertainty_mm: float = option(15.0, "with --triangulate: a world point is placed only when the "
+                                                   "detectors' noise (measured on each step) leaves it within "
+                                                   "this error (RMS, mm) through its views' geometry: two views "
+                                                   "close to one line, or far away, place it too loosely; 1e9: no "
+                                                   "bound")
     world_smooth: bool = option(False, "with --triangulate: One-Euro smoothing of the world points per person "
                                        "(cutoff --smooth-min-cutoff)")
     world_smooth_beta: float = option(1.0, "One-Euro speed coefficient of the world points (Hz per m/s)")
@@ -55,7 +60,7 @@ class MocapFields:
                 raise ConfigError(f"{key}: world skeletons come only with --triangulate (and --calibration)")
         if self.export_trc and not self.export_trc.lower().endswith(".trc"):
             raise ConfigError(f"export_trc: {self.export_trc!r} must end in .trc")
-        for key in ("world_window_ms", "world_max_error_px", "world_max_epipolar_px"):
+        for key in ("world_window_ms", "world_max_error_px", "world_max_epipolar_px", "world_max_uncertainty_mm"):
             if not getattr(self, key) > 0:
                 raise ConfigError(f"{key}: must be positive, got {getattr(self, key)}")
         if self.world_min_views < 2:

@@ -50,7 +50,8 @@ def fusion_of(cfg: MocapFields, kpt_threshold: float, smooth_min_cutoff: float) 
     return Fusion(window_s=cfg.world_window_ms / 1000.0,
                   association=Association(kpt_threshold, cfg.world_max_epipolar_px),
                   triangulation=Triangulation(kpt_threshold, cfg.world_max_error_px, cfg.world_min_views,
-                                              cfg.world_min_angle_deg),
+                                              cfg.world_min_angle_deg,
+                                              max_uncertainty_mm=cfg.world_max_uncertainty_mm),
                   smooth=(smooth_min_cutoff, cfg.world_smooth_beta) if cfg.world_smooth else None)
 
 

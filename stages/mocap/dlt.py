@@ -75,9 +75,11 @@ def _adjugate(m: np.ndarray) -> tuple[np.ndarray, ...]:
     return c00, c01, c02, c11, c12, c22, det
 
 
-def solve_normals(m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def solve_normals(m: np.ndarray, trace: bool = False) -> tuple[np.ndarray, ...]:
     """Normal equations (9, ...) (``view_normals`` summed over a set of views) -> points (3, ...) and
-    whether each system was solvable (...): not singular relative to its own size (trace^3)."""
+    whether each system was solvable (...): not singular relative to its own size (trace^3); with
+    ``trace``, also the trace of the inverse of each 3x3 part (...) (inf where not solvable): the
+    point's variance, summed over its axes, per unit of its equations' noise variance."""
     c00, c01, c02, c11, c12, c22, det = _adjugate(m)
     m03, m13, m23 = m[6:]
     size = m[0] + m[3]
@@ -97,7 +99,14 @@ def solve_normals(m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         row += b * m13
         row += c * m23
         row *= minus_inverse
-    return points, ok
+    if not trace:
+        return points, ok
+    spread = c00 + c11
+    spread += c22
+    spread *= minus_inverse
+    np.negative(spread, out=spread)
+    spread[~(ok & (spread >= 0))] = np.inf
+    return points, ok, spread
 
 
 def inverse_form(m: np.ndarray, vectors: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> np.ndarray:

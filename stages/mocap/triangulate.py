@@ -5,8 +5,9 @@
    by its score (0 under ``min_score`` or where the camera does not see the person).
 2. A view agrees with a set's point when it reprojects within ``max_error_px`` of what it saw (in its
    pixels, through its distortion), in front of it, both from the point of the whole set and from the
-   point of the set's other views (less what their own noise and geometry explain; the detectors'
-   noise is measured on the step itself: ``noise_of``).
+   point of the set's other views (less what their own noise and geometry explain, each view with its
+   own focal length and depth: a rig of 720p and 1080p cameras differs twofold in both). The
+   detectors' noise is measured on the step itself (``noise_of``).
 3. A point whose views all agree is solved from all of them. Any other takes the largest consensus
    that a pair of its views at least ``min_angle_deg`` apart proposes (ties: the lowest RMS error),
    drops the view to blame while one disagrees, and lets the views that agree with the result join.
@@ -14,8 +15,12 @@
    other points are solved again with it never in a consensus, agreeing only where the other views
    place the point on their own; a point that rests on a suspect view and one other is invalid.
 5. A point is valid when at least ``min_views`` views remain, all agreeing, two of them at least
-   ``min_angle_deg`` apart. An invalid point is zeros with valid=False, error 0 and views 0: nothing
-   made up, nothing non-finite.
+   ``min_angle_deg`` apart, and the step's noise leaves it within ``max_uncertainty_mm`` (the RMS
+   error that noise gives it through its views' geometry: ``_Solver.within_bound``): views that
+   agree tell nothing of how far along their rays the point lies, and two of wide lenses whose
+   rays meet at a small angle place it loosely however well they agree (docs/MOCAP.md, "When a
+   point is valid"). An invalid point is zeros with valid=False, error 0 and views 0: nothing made
+   up, nothing non-finite.
 """
 
 from __future__ import annotations
@@ -36,13 +41,15 @@ class Triangulation:
     reprojection error does not agree; min_views: views a valid point needs (2 or more);
     min_angle_deg: the widest angle between two of a valid point's views (and of a pair that
     proposes a point); suspect_share: the share of a person's points on which the others may
-    outvote a view before it is suspect for that person."""
+    outvote a view before it is suspect for that person; max_uncertainty_mm: the largest error (RMS,
+    mm) that the step's pixel noise leaves a valid point with, through the geometry of its views."""
 
     min_score: float = 0.3
     max_error_px: float = 15.0
     min_views: int = 2
     min_angle_deg: float = 15.0
     suspect_share: float = 0.02
+    max_uncertainty_mm: float = 15.0
 
     def __post_init__(self) -> None:
         if self.min_views < 2:
@@ -53,6 +60,8 @@ class Triangulation:
             raise ValueError(f"min_angle_deg must be within 0 and 90, got {self.min_angle_deg}")
         if not 0 <= self.suspect_share <= 1:
             raise ValueError(f"suspect_share must be within 0 and 1, got {self.suspect_share}")
+        if not self.max_uncertainty_mm > 0:
+            raise ValueError(f"max_uncertainty_mm must be positive (inf: no bound), got {self.max_uncertainty_mm}")
 
 
 @dataclass
@@ -68,17 +77,33 @@ class Points3D:
     used: np.ndarray
 
 
+# The median of the chi-squared distribution of d degrees of freedom, d = 1, 3, 5, ... (2 per view less 3)
+_CHI2_MEDIAN = np.array([0.0, 0.454936, 0.0, 2.365974, 0.0, 4.351460, 0.0, 6.345811, 0.0, 8.342833, 0.0, 10.340998,
+                         0.0, 12.339756, 0.0, 14.338860])
+
+
 def noise_of(squares: np.ndarray, used: np.ndarray, max_error_px: float) -> float:
-    """The detectors' pixel noise as a step's points show it: the median, over the points of three
-    or more views all within ``max_error_px``, of their squared errors' sum per degree of freedom
-    (two per view, less three); squared errors and used (C, N). ``max_error_px`` / 10 when no point
-    has such views; at least 0.1 px."""
+    """The detectors' pixel noise (per coordinate) as a step's points show it: the median, over the
+    points whose views are all within ``max_error_px``, of their squared errors' sum over the
+    median of the chi-squared distribution of its degrees of freedom (two per view, less three):
+    each such ratio has the noise's variance as its median, whatever the points' views. The points
+    of three or more views, else of two (a rig of two cameras); squared errors and used (C, N).
+    ``max_error_px`` / 10 when no point has two such views; at least 0.1 px."""
     count = used.sum(axis=0)
     squares = np.where(used, squares, 0.0)  # (C, N)
-    clean = (count >= 3) & (squares.max(axis=0) <= max_error_px ** 2)
+    within = squares.max(axis=0) <= max_error_px ** 2
+    clean = within & (count >= 3)
     if not clean.any():
-        return max_error_px / 10
-    return max(float(np.sqrt(_median(squares.sum(axis=0)[clean] / (2 * count[clean] - 3)))), 0.1)
+        clean = within & (count == 2)
+        if not clean.any():
+            return max_error_px / 10
+    freedom = 2 * count[clean] - 3
+    if freedom.max() < len(_CHI2_MEDIAN):
+        median = _CHI2_MEDIAN[freedom]
+    else:  # Wilson and Hilferty's approximation beyond the table
+        median = np.where(freedom < len(_CHI2_MEDIAN), _CHI2_MEDIAN[np.minimum(freedom, len(_CHI2_MEDIAN) - 1)],
+                          freedom * (1 - 2 / (9 * freedom)) ** 3)
+    return max(float(np.sqrt(_median(squares.sum(axis=0)[clean] / median))), 0.1)
 
 
 def _median(values: np.ndarray) -> float:
@@ -104,10 +129,12 @@ class _Fit:
     without: np.ndarray  # (C, 3, N) the point of the set's views other than each
     agree: np.ndarray  # (C, N) the views of the set that agree
     sure: np.ndarray  # (C, N) the views of the set that the others place within the threshold as it is
+    spread: np.ndarray  # (N,) the trace of the inverse of the 3x3 part of the set's normal equations
+    depth: np.ndarray  # (C, N) the point's depth in each view (float32)
 
     def put(self, rows: np.ndarray, part: _Fit) -> None:
         """Take ``part``'s sets for the points ``rows``."""
-        for name in ("chosen", "xyz", "errors", "front", "agree", "sure", "surprise"):
+        for name in ("chosen", "xyz", "errors", "front", "agree", "sure", "surprise", "spread", "depth"):
             if getattr(self, name) is not None:
                 getattr(self, name)[..., rows] = getattr(part, name)
         self.without[:, :, rows] = part.without
@@ -129,6 +156,9 @@ class _Solver:
         self._noise: float | None = None
         self.centres = views.cached("centres", lambda: np.stack([c.centre for c in views.cameras]).T[:, :, None])
         self.centres32 = views.cached("centres32", lambda: self.centres.astype(np.float32))  # (3, C, 1)
+        self.focal = views.cached("focal", lambda: np.array([[(c.matrix[0, 0] + c.matrix[1, 1]) / 2]
+                                                             for c in views.cameras]))  # (C, 1) px
+        self.most_w2f2 = float(np.max(weights, initial=0.0) ** 2 / np.min(self.focal) ** 2)  # the largest w^2 / f^2
         self.rotations = views.rotations.reshape(-1, 3, 3)  # (C, 3, 3): rows r1, r2, r3
         self.pairs = views.cached("pairs", lambda: np.triu_indices(self.c, 1))  # (Q,) each: the pairs of views
         self.max_cos2 = float(np.cos(np.radians(spec.min_angle_deg)) ** 2) if spec.min_angle_deg else 1.0
@@ -162,7 +192,7 @@ class _Solver:
         for i in range(1, c):
             total += inside[:, i]
         np.subtract(total[:, None], inside, out=systems[:, :c])
-        points, ok = solve_normals(systems)  # (3, C + 1, T), (C + 1, T)
+        points, ok, spread = solve_normals(systems, trace=True)  # (3, C + 1, T), (C + 1, T), (C + 1, T)
         xyz, solvable, others = points[:, c], ok[c], points[:, :c].swapaxes(0, 1)  # (3, T), (T,), (C, 3, T)
         # ... and one projection: the set's point in every view, each view's left-out point in that view
         both = _buffer(self.views, "both", (c, 3, 2 * t), np.float32)  # pixel errors to 1e-4 px: float32 will do
@@ -180,12 +210,12 @@ class _Solver:
         count = chosen.sum(axis=0)
         checked = chosen & ok[:c] & (count >= 3)
         over = squared > limit
-        # What the others' own noise explains: their point's covariance is noise^2 w^2 (z / f)^2 A^-1
-        # (A the 3x3 part of their normal equations, w^2 their mean squared score, z / f taken alike
-        # for the views), so its projection into the view spreads by noise^2 w^2 (j1 A^-1 j1^T +
-        # j2 A^-1 j2^T) squared pixels, j1 and j2 the rows r1 - x r3, r2 - y r3 of the view's rotation
-        # at the point's normalised coordinates (x, y): the Jacobian of its projection. Needed only
-        # where a view is over the threshold, and to choose which view to drop (not ``first``).
+        # What the others' own noise explains of a view's left-out error: their point's covariance (as
+        # ``within_bound`` has it, of their equations) projected into the view (Jacobian (f / z) (j1,
+        # j2), j1 and j2 the rows r1 - x r3, r2 - y r3 of its rotation at the left-out point's
+        # normalised coordinates x, y, z its depth there): k (f / z)^2 (j1 A^-1 j1^T + j2 A^-1 j2^T)
+        # squared pixels. Needed only where a view is over the threshold, and to choose which view to
+        # drop (not ``first``).
         expected = np.zeros((c, t)) if not first else None
         within = ~over
         need = checked & over if first else checked
@@ -198,12 +228,14 @@ class _Solver:
             j1 = tuple(r[:, 0, i] - x * r[:, 2, i] for i in range(3))
             j2 = tuple(r[:, 1, i] - y * r[:, 2, i] for i in range(3))
             w2 = np.where(chosen, self.weights[:, rows] ** 2, 0.0)  # (C, T)
-            rest, rest4 = w2.sum(axis=0) - w2, np.sum(w2 * w2, axis=0) - w2 * w2
-            mean_w2 = rest4[at] / np.where(rest[at] > 0, rest[at], 1.0)
-            spread = self.noise ** 2 * mean_w2 * inverse_form(systems[:, at[0], at[1]], [j1, j2])  # (M,)
+            scaled = w2 * (cam[:, 2, :t] / self.focal) ** 2  # w_c^2 (z_c / f_c)^2 at the set's point
+            rest, rest_scaled = w2.sum(axis=0) - w2, np.sum(w2 * scaled, axis=0) - w2 * scaled
+            mean = rest_scaled[at] / np.where(rest[at] > 0, rest[at], 1.0)
+            view_scale = (self.focal[at[0], 0] * inverse_z) ** 2  # (f / z)^2 of the view
+            seen = self.noise ** 2 * mean * view_scale * inverse_form(systems[:, at[0], at[1]], [j1, j2])  # (M,) px^2
             if expected is not None:
-                expected[at] = spread
-            allowed = 9 * spread if strict is None else np.where(strict[at], 0.0, 9 * spread)  # three deviations
+                expected[at] = seen
+            allowed = 9 * seen if strict is None else np.where(strict[at], 0.0, 9 * seen)  # three deviations
             within[at] = squared[at] - allowed <= limit
         left_ok = ~checked | (front_out & within)
         if strict is not None:  # checked by others that place the point on their own, or out
@@ -216,7 +248,8 @@ class _Solver:
             surprise = np.where(checked, squared / (expected + noise2), errors / noise2)
             surprise = np.where(front_out | ~checked, surprise, np.inf)
         sure = agree & checked & front_out & ~over
-        return _Fit(chosen.copy(), xyz, solvable, errors, front, surprise, others, agree, sure)
+        return _Fit(chosen.copy(), xyz, solvable, errors, front, surprise, others, agree, sure, spread[c],
+                    cam[:, 2, :t])
 
     def wide(self, xyz: np.ndarray, used: np.ndarray, without: bool = False) -> np.ndarray:
         """(N,) whether two used views' rays to the points (3, N) are ``min_angle_deg`` apart or more;
@@ -240,6 +273,29 @@ class _Solver:
         if without:
             return np.stack([apart[(qa != c) & (qb != c)].any(axis=0) for c in range(self.c)])
         return apart.any(axis=0)
+
+    def within_bound(self, fit: _Fit, valid: np.ndarray) -> np.ndarray:
+        """``valid`` (N,) less the points whose expected error is over ``max_uncertainty_mm`` (module
+        docstring, step 5). A set's point has the covariance k A^-1 about (A the 3x3 part of its
+        normal equations): each view c adds the equations w_c z_c (x_c - x) of its normalised
+        coordinates x_c, whose noise is the step's pixel noise / f_c (z_c the point's depth in the
+        view, f_c its focal length), so k is noise^2 times the mean over the views of w_c^2 (z_c /
+        f_c)^2, weighted by their share w_c^2 of A; the trace of k A^-1 is the expected squared
+        error, summed over the axes. k is at most noise^2 times the largest weight^2 (z / f)^2: most
+        points are within the bound by that alone, and only the others are computed."""
+        bound = (self.spec.max_uncertainty_mm / 1000 / self.noise) ** 2  # m^2 per px^2 of noise
+        if not np.isfinite(bound):
+            return valid
+        most = np.max(np.abs(fit.depth), axis=0).astype(np.float64)  # (N,)
+        most *= most
+        most *= fit.spread * self.most_w2f2
+        check = np.flatnonzero(valid & ~(most <= bound))
+        if check.size:
+            w2 = np.where(fit.chosen[:, check], self.weights[:, check] ** 2, 0.0)  # (C, M)
+            scaled = w2 * (fit.depth[:, check] / self.focal) ** 2
+            k = np.sum(w2 * scaled, axis=0) / np.maximum(w2.sum(axis=0), 1e-30)
+            valid[check] &= k * fit.spread[check] <= bound
+        return valid
 
     def valid(self, fit: _Fit, angle: bool = True) -> np.ndarray:
         """(N,) points of enough views, every one agreeing, two of them ``min_angle_deg`` apart."""
@@ -378,6 +434,7 @@ def triangulate_rows(cameras: Sequence[Camera] | CameraSet, rows: np.ndarray,
     if todo.size:
         valid = solver.valid(fit, angle=False)
     valid &= solver.wide(fit.xyz, fit.chosen)
+    valid = solver.within_bound(fit, valid)
     used = fit.chosen & valid
     count = used.sum(axis=0)
     rms = np.sqrt(np.sum(np.where(used, fit.errors, 0.0), axis=0) / np.maximum(count, 1))

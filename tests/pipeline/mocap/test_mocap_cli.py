@@ -83,7 +83,7 @@ def test_three_cameras_through_the_pipeline_publish_world_messages_and_write_wor
             "--calibration", rig_dir / "calib_640x480.toml", "--rescale-calibration", "--triangulate",
             "--save-world", "out/world.jsonl",
             "--export-trc", "out/run.trc", "--save-keypoints", "out/{source}.jsonl", "--publish", endpoint,
-            "--world-max-epipolar-px", "1e6", "--world-max-error-px", "1e6"]
+            "--world-max-epipolar-px", "1e6", "--world-max-error-px", "1e6", "--world-max-uncertainty-mm", "1e9"]
     proc = subprocess.Popen([*CLI, *map(str, args)], env=cli_env, cwd=tmp_path, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     got = []
