@@ -92,9 +92,11 @@ def _add_world_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trc-up", choices=["y", "z"], default="y", help="TRC up axis (y: OpenSim's, Z-up turned Y-up)")
 
 
-def _camera_files(specs: list[str]) -> dict[str, list[dict[str, Any]]]:
-    """Each camera's frame records, from NAME=FILE specs or one file with ``source`` on its lines."""
+def _camera_files(specs: list[str]) -> tuple[dict[str, list[dict[str, Any]]], dict[str, list[str]]]:
+    """Each camera's frame records, from NAME=FILE specs or one file with ``source`` on its lines,
+    and the files each camera's records came from."""
     records: dict[str, list[dict[str, Any]]] = {}
+    files: dict[str, list[str]] = {}
     for spec in specs:
         name, sep, path = spec.partition("=")
         if not sep:
@@ -106,7 +108,9 @@ def _camera_files(specs: list[str]) -> dict[str, list[dict[str, Any]]]:
             if not isinstance(camera, str):
                 raise ConfigError(f"--keypoints {path}: its lines carry no source; name the camera: NAME={path}")
             records.setdefault(camera, []).append(line)
-    return records
+            if path not in files.setdefault(camera, []):
+                files[camera].append(path)
+    return records, files
 
 
 def _image_sizes(records: dict[str, list[dict[str, Any]]]) -> dict[str, tuple[int, int]]:
@@ -189,13 +193,18 @@ def cmd_triangulate(args: argparse.Namespace) -> int:
         rig = read_rig(args.calibration)
     except CalibrationError as exc:
         raise ConfigError(f"--calibration: {exc}") from None
-    records = _camera_files(args.keypoints)
+    records, files = _camera_files(args.keypoints)
     try:
         rig.check_sources(records, args.calibration)
     except CalibrationError as exc:
         raise ConfigError(str(exc)) from None
-    rig = rig_for_frames(rig, _image_sizes(records), args.rescale_calibration, "its keypoint file's images",
-                         args.calibration)
+    sizes = _image_sizes(records)
+    for camera in [c for c in records if c not in sizes]:  # files of another tool, or of before it wrote sizes
+        w, h = rig[camera].size
+        log.warning("--keypoints %s: its records give no image size (width, height), so camera %r's calibration, "
+                    "made at %dx%d, is used without checking that its keypoints are of images of that size",
+                    ", ".join(files[camera]), camera, w, h)
+    rig = rig_for_frames(rig, sizes, args.rescale_calibration, "its keypoint file's images", args.calibration)
     options = MocapFields(world_window_ms=args.window_ms, world_max_error_px=args.max_error_px,
                           world_max_epipolar_px=args.max_epipolar_px, world_min_views=args.min_views,
                           world_min_angle_deg=args.min_angle_deg, world_max_uncertainty_mm=args.max_uncertainty_mm)

@@ -5,6 +5,7 @@ and the refusals before any model loads."""
 
 from __future__ import annotations
 
+import json
 import math
 import signal
 import socket
@@ -258,6 +259,27 @@ def test_triangulate_checks_the_calibration_against_the_keypoint_files_image_siz
     assert ran.rc == 0, ran.stderr
     errors = _median_errors(read_jsonl(tmp_path / "w.jsonl"), truth)
     assert len(errors) == 8 and max(errors) < 0.006, f"median errors per person up to {1000 * max(errors):.1f} mm"
+
+
+def test_triangulate_says_in_one_line_which_keypoint_file_gives_no_image_size_to_check(
+        cli_env: dict[str, str], tmp_path: Path) -> None:
+    """Keypoint files of another tool (or of before they carried one) give no width and height: the
+    calibration's size cannot be checked against them. triangulate says so in one warning line that
+    names the file, the camera and the size it was calibrated at, and goes on; the other cameras'
+    files are checked, and say nothing."""
+    _recorded_run(tmp_path, steps=3)
+    path = tmp_path / "cam2.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    path.write_text("".join(json.dumps({k: v for k, v in r.items() if k not in ("width", "height")}) + "\n"
+                            for r in records))
+    ran = run_cli(["triangulate", *(a for n in CAMERAS for a in ("--keypoints", f"{n}={tmp_path / n}.jsonl")),
+                   "--calibration", "calib.toml", "--save-world", "world.jsonl"], cli_env, tmp_path)
+    assert ran.rc == 0, ran.stderr
+    warnings = [line for line in ran.stderr.splitlines() if line.startswith("WARNING")]
+    assert len(warnings) == 1, ran.stderr
+    for needle in (str(path), "'cam2'", "no image size", "made at 1280x720", "without checking"):
+        assert needle in warnings[0], f"{needle!r} not in {warnings[0]!r}"
+    assert "3 steps from 3 cameras, 6 world persons" in ran.stdout, ran.stdout
 
 
 def test_exports_of_no_person_say_so_in_one_warning_line_each(cli_env: dict[str, str], tmp_path: Path) -> None:
