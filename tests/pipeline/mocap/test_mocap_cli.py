@@ -153,14 +153,14 @@ def test_a_run_whose_trc_export_has_no_person_says_so(tiny: Path, cli_env: dict[
     assert not list(tmp_path.rglob("*.trc")) and not list(tmp_path.rglob("*.part"))
 
 
-def _recorded_run(folder: Path, steps: int = 12, miss: float = 0.05,
-                  hidden: tuple[int, int, int] | None = None) -> tuple[list[list[np.ndarray]], Path]:
-    """Keypoint files of three calibrated cameras watching two known moving skeletons (as the
-    pipeline's --save-keypoints writes them), with a wrong detection in cam2; returns the truth.
-    ``hidden``: (step, person, keypoint) that cam2 and cam3 miss."""
+def _recorded_run(folder: Path, steps: int = 12, miss: float = 0.05, hidden: tuple[int, int, int] | None = None,
+                  persons: int = 2) -> tuple[list[list[np.ndarray]], Path]:
+    """Keypoint files of three calibrated cameras watching known moving skeletons (two unless
+    ``persons``; as the pipeline's --save-keypoints writes them), with a wrong detection in cam2;
+    returns the truth. ``hidden``: (step, person, keypoint) that cam2 and cam3 miss."""
     rig = ring_rig(3, radius=3.5, names=CAMERAS)
     write_rig(rig, folder / "calib.toml")
-    bases = [base_skeleton(0), base_skeleton(1)]
+    bases = [base_skeleton(j) for j in range(persons)]
     rng = np.random.default_rng(11)
     writers = {n: LineWriter(folder / f"{n}.jsonl") for n in CAMERAS}
     truth = []
@@ -280,6 +280,25 @@ def test_triangulate_says_in_one_line_which_keypoint_file_gives_no_image_size_to
     for needle in (str(path), "'cam2'", "no image size", "made at 1280x720", "without checking"):
         assert needle in warnings[0], f"{needle!r} not in {warnings[0]!r}"
     assert "3 steps from 3 cameras, 6 world persons" in ran.stdout, ran.stdout
+
+
+def test_the_trc_of_a_take_of_one_person_is_the_file_named(cli_env: dict[str, str], tmp_path: Path) -> None:
+    """docs/MOCAP.md, TRC, Naming: ``--export-trc run.trc`` of a take of one person writes run.trc
+    itself (``run_P<id>.trc`` are for several), in triangulate and in export-world alike."""
+    _recorded_run(tmp_path, steps=4, persons=1)
+    ran = run_cli(["triangulate", *(a for n in CAMERAS for a in ("--keypoints", f"{n}={tmp_path / n}.jsonl")),
+                   "--calibration", "calib.toml", "--save-world", "world.jsonl", "--export-trc", "run.trc"],
+                  cli_env, tmp_path)
+    assert ran.rc == 0, ran.stderr
+    world = read_jsonl(tmp_path / "world.jsonl")
+    ids = {p["id"] for r in world for p in r["persons"]}
+    assert len(ids) == 1, ids
+    assert sorted(p.name for p in tmp_path.glob("*.trc")) == ["run.trc"]
+    assert f"wrote run.trc (TRC: person {ids.pop()}, 4 steps of 308 markers" in ran.stdout, ran.stdout
+    _check_trc(tmp_path / "run.trc", 4)
+    ran = run_cli(["export-world", "world.jsonl", "--trc", "again.trc"], cli_env, tmp_path)
+    assert ran.rc == 0, ran.stderr
+    assert sorted(p.name for p in tmp_path.glob("*.trc")) == ["again.trc", "run.trc"]
 
 
 def test_exports_of_no_person_say_so_in_one_warning_line_each(cli_env: dict[str, str], tmp_path: Path) -> None:
