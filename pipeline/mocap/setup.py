@@ -38,10 +38,11 @@ def rig_for_frames(rig: Rig, sizes: Mapping[str, tuple[int, int]], rescale: bool
                               f"it at {w1}x{h1}")
         if not rescale:
             raise ConfigError(f"{calibration}: camera {name!r} was calibrated at {w0}x{h0} but {frames} are {w1}x{h1}; "
-                              f"calibrate it at {w1}x{h1}, or pass --rescale-calibration to scale its calibration "
-                              "to the resized frames")
+                              f"calibrate it at {w1}x{h1}, or, if they are its {w0}x{h0} view resized, pass "
+                              f"--rescale-calibration to scale the calibration to {w1}x{h1}")
         cameras[name] = camera.rescaled(size)
-        log.info("%s: camera %s calibrated at %dx%d, scaled to its frames' %dx%d", calibration, name, w0, h0, w1, h1)
+        log.info("%s: camera %s calibrated at %dx%d, scaled to the %dx%d of %s", calibration, name, w0, h0, w1, h1,
+                 frames)
     return dataclasses.replace(rig, cameras=cameras)
 
 

@@ -101,7 +101,7 @@ def test_three_cameras_through_the_pipeline_publish_world_messages_and_write_wor
             proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
-    assert "camera cam1 calibrated at 640x480, scaled to its frames' 320x240" in err, err
+    assert "camera cam1 calibrated at 640x480, scaled to the 320x240 of its frames" in err, err
     world = read_jsonl(tmp_path / "out" / "world.jsonl")
     assert world and [r["step"] for r in world] == list(range(len(world)))
     by_step = {r["step"]: r for r in world}
@@ -248,8 +248,10 @@ def test_triangulate_checks_the_calibration_against_the_keypoint_files_image_siz
     keypoints = [a for n in CAMERAS for a in ("--keypoints", f"{n}={tmp_path / n}.jsonl")]
     ran = run_cli(["triangulate", *keypoints, "--calibration", "calib_640x360.toml", "--save-world", "w.jsonl"],
                   cli_env, tmp_path)
-    assert_one_clear_error(ran, "calib_640x360.toml", "'cam1'", "calibrated at 640x360", "images are 1280x720",
-                           "--rescale-calibration")
+    refusal = assert_one_clear_error(ran, "calib_640x360.toml", "'cam1'", "calibrated at 640x360",
+                                     "its keypoint file's images are 1280x720", "--rescale-calibration",
+                                     "if they are its 640x360 view resized", "scale the calibration to 1280x720")
+    assert "frames" not in refusal, "the refusal is about keypoint files, not frames"
     assert not (tmp_path / "w.jsonl").exists()
     ran = run_cli(["triangulate", *keypoints, "--calibration", "calib_640x480.toml", "--rescale-calibration",
                    "--save-world", "w.jsonl"], cli_env, tmp_path)
