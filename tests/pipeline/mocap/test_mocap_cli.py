@@ -21,7 +21,7 @@ from pipeline.mocap.synthetic.people import base_skeleton, observe, pose_at, rin
 from sapiens2_client.jsonl import LineWriter, keypoint_record
 from sapiens2_client.subscriber import ReceiveTimeout, Subscriber
 from stages.metadata import load_metadata
-from stages.mocap.camera import Rig, read_rig, write_rig
+from stages.mocap.camera import Camera, Rig, read_rig, write_rig
 from tests.cliutil import CLI, OFFLINE, assert_one_clear_error, make_video, read_jsonl, run_cli
 
 pytestmark = pytest.mark.timeout(300)
@@ -35,13 +35,24 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _calibrated_at(camera: Camera, size: tuple[int, int]) -> Camera:
+    """The camera as a calibration made at ``size`` has it (the matrix scaled about the pixel
+    centres), built here rather than by ``Camera.rescaled``: the tests of the size check must fail
+    on the check itself on code that has neither."""
+    sx, sy = size[0] / camera.size[0], size[1] / camera.size[1]
+    k = camera.matrix.copy()
+    k[0] = [k[0, 0] * sx, k[0, 1] * sx, (k[0, 2] + 0.5) * sx - 0.5]
+    k[1, 1:] = [k[1, 1] * sy, (k[1, 2] + 0.5) * sy - 0.5]
+    return Camera(camera.name, size, k, camera.dist, camera.rvec, camera.tvec, camera.fisheye)
+
+
 @pytest.fixture(scope="module")
 def rig_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("rig")
     rig = ring_rig(3, size=(320, 240), names=CAMERAS)
     write_rig(rig, folder / "calib.toml")
     for w, h in ((640, 480), (320, 180)):  # calibrated at twice the videos' size; at another aspect
-        write_rig(Rig({n: c.rescaled((w, h)) for n, c in rig.cameras.items()}), folder / f"calib_{w}x{h}.toml")
+        write_rig(Rig({n: _calibrated_at(c, (w, h)) for n, c in rig.cameras.items()}), folder / f"calib_{w}x{h}.toml")
     for i, name in enumerate(CAMERAS):
         make_video(folder / f"{name}.mp4", 6 + i)  # files of 6, 7 and 8 frames: the short ones end first
     return folder
@@ -244,7 +255,7 @@ def test_triangulate_checks_the_calibration_against_the_keypoint_files_image_siz
     truth, calib = _recorded_run(tmp_path, steps=4)
     rig = read_rig(calib)
     for w, h in ((640, 360), (640, 480)):
-        write_rig(Rig({n: c.rescaled((w, h)) for n, c in rig.cameras.items()}), tmp_path / f"calib_{w}x{h}.toml")
+        write_rig(Rig({n: _calibrated_at(c, (w, h)) for n, c in rig.cameras.items()}), tmp_path / f"calib_{w}x{h}.toml")
     keypoints = [a for n in CAMERAS for a in ("--keypoints", f"{n}={tmp_path / n}.jsonl")]
     ran = run_cli(["triangulate", *keypoints, "--calibration", "calib_640x360.toml", "--save-world", "w.jsonl"],
                   cli_env, tmp_path)
