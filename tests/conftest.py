@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import torch
 
 from stages.tasks import TASKS
 from tests import homeguard
@@ -35,6 +36,12 @@ if "SAPIENS2_STREAM_CACHE" not in os.environ:
 # processes inherit it), and authentication stays on.
 if not {"RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"} & set(os.environ):
     os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+# One intra-op thread in the test processes too, and in what they start (offline_env says why for the runs):
+# two xdist workers with torch's default of one thread per core spin against each other on a 2-core box
+# (measured: tests/stages/sapiens2 + tests/stages/detect, 2 workers, 94 s of CPU vs 42 s with one thread).
+if "OMP_NUM_THREADS" not in os.environ:
+    os.environ.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    torch.set_num_threads(1)
 
 
 # -- the harness ------------------------------------------------------------------------------
