@@ -179,27 +179,6 @@ def test_warmup_runs_every_bucket(tiny_dirs, monkeypatch):
     assert seen == [1, 1, 2, 2]  # CUDA graphs: every shape as it is, then captured (and replayed)
 
 
-def test_compile_matches_eager(tmp_path, caplog):
-    """compile=default on the CPU: warm-up starts eager, the shapes compile in the background, and each is
-    used once checked against eager; then nothing compiles again."""
-    folder = make_tiny(tmp_path / "pose", "pose", hidden=32, layers=2, heads=2, image_size=(64, 48))
-    eager = _estimator(folder, "pose")
-    compiled = _estimator(folder, "pose", FastPath(compile="default"))
-    pixels = _pixels(eager)[:1]
-    with caplog.at_level(logging.INFO, "stages.sapiens2"):
-        assert compiled.warmup(max_batch=1) > 0  # eager: the one shape used below, compiled after it
-        assert compiled.wait_compiled(timeout=600)
-        got = _outputs(compiled, pixels)[0]  # the first use: checked against eager, then used
-    assert "pose: input 1x3x64x48 compiled in" in caplog.text
-    assert "pose: compiled forward in use for input 1x3x64x48" in caplog.text
-    graphs = dict(torch._dynamo.utils.counters["stats"])
-    again = _outputs(compiled, pixels)[0]
-    assert dict(torch._dynamo.utils.counters["stats"]) == graphs  # compiled: nothing compiled again
-    torch.testing.assert_close(got, _outputs(eager, pixels)[0], rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(again, got)
-    compiled.close()
-
-
 # -- run config and CLI ------------------------------------------------------------------------------
 def test_cli_flags_reach_the_config_and_estimators(tmp_path):
     args = build_parser().parse_args(["run", "--attention", "math", "--channels-last", "on", "--compile", "off",
