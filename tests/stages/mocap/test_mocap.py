@@ -26,7 +26,7 @@ from stages.mocap.camera import (
 )
 from stages.mocap.dlt import normal_blocks, solve_dlt
 from stages.mocap.fuse import WorldFuser
-from stages.mocap.triangulate import noise_of
+from stages.mocap.noise import noise_of
 from stages.types import Detections, Frame, FrameResult, Keypoints
 
 FPS = 30
