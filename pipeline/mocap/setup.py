@@ -12,7 +12,7 @@ from stages.errors import ConfigError
 from stages.mocap.associate import Association
 from stages.mocap.camera import Rig, same_aspect
 from stages.mocap.fuse import Fusion, WorldFuser
-from stages.mocap.triangulate import Triangulation
+from stages.mocap.points import Triangulation
 
 from .options import MocapFields
 from .world import WorldStep

@@ -28,7 +28,8 @@ from stages.types import Detections, Keypoints
 
 from .associate import Association, View, assign, associate
 from .camera import CameraSet, Rig
-from .triangulate import Triangulation, triangulate_rows
+from .points import Triangulation
+from .triangulate import triangulate_rows
 from .undistort import GridSet, UndistortGrid
 
 _BODY = slice(0, 15)  # Sapiens2's body joints: a person's position for identity is their mean
