@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from stages.device import resolve_device
+from stages.sapiens2.verify import raised, switched_off
 from stages.types import Detections
 
 from . import DetectorError, check_input
@@ -130,8 +131,6 @@ class PersonDetector:
                 continue
             reason = self._letterbox_disagrees(image)
             if reason is not None:
-                from stages.sapiens2.verify import switched_off
-
                 switched_off("detector", "letterbox on the device", f"{reason}; frames go through the host")
                 self._letterbox_off = True
             self._letterbox_checked.add(tuple(image.shape))
@@ -140,8 +139,6 @@ class PersonDetector:
     def _letterbox_disagrees(self, image: Tensor) -> str | None:
         """Why the device letterbox of ``image`` (3, H, W) is not Ultralytics' own input, or None: the
         same shape, and at most one grey level apart (OpenCV's fixed-point resize rounds differently)."""
-        from stages.sapiens2.verify import raised
-
         predictor = self.model.predictor
         try:
             with torch.inference_mode():
