@@ -179,6 +179,28 @@ def wait_for(condition: Callable[[], Any], what: str, deadline_s: float = 60.0, 
         time.sleep(every_s)
 
 
+def wait_for_log(proc: subprocess.Popen, log: Path, needle: str, deadline_s: float,
+                 fails: tuple[str, ...] = ()) -> str:
+    """Poll ``proc``'s stderr file ``log`` until it holds ``needle``; its text. Fails at once, with the
+    log, when ``proc`` ends first or a line holding one of ``fails`` comes. At the deadline a process
+    started with PYTHONFAULTHANDLER=1 is aborted first, so the failure shows where each thread waited."""
+    end = time.monotonic() + deadline_s
+    while True:
+        text = log.read_text()
+        if needle in text:
+            return text
+        said = [line for line in text.splitlines() if any(f in line for f in fails)]
+        assert not said, f"{said[0]!r} before {needle!r}; the log:\n{text}"
+        assert proc.poll() is None, f"exit {proc.returncode} before {needle!r}; the log:\n{text}"
+        if time.monotonic() > end:
+            proc.send_signal(signal.SIGABRT)  # faulthandler's dump of every thread, where it is on
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(30)
+            raise AssertionError(f"timed out after {deadline_s:.0f} s waiting for {needle!r}; the log:\n"
+                                 f"{log.read_text()[-20000:]}")
+        time.sleep(0.1)
+
+
 @contextlib.contextmanager
 def killed_on_exit(proc: subprocess.Popen) -> Iterator[subprocess.Popen]:
     """``proc`` for the block; killed (and reaped) when the block leaves it running, a failure included."""

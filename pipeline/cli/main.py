@@ -54,10 +54,14 @@ def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        return _main(argv)
+        code = _main(argv)
     except KeyboardInterrupt:  # Ctrl-C while the command still imports or parses: one line, not a traceback
         print("error: interrupted", file=sys.stderr)
-        return 130
+        code = 130
+    compiled = sys.modules.get("stages.sapiens2.compiled")  # imported only where a command can compile
+    if compiled is not None:
+        compiled.leave(code)  # a compile under way: the process ends there, with this code
+    return code
 
 
 def _main(argv: list[str] | None) -> int:

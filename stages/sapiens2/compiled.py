@@ -12,17 +12,25 @@ its artefacts kept across runs in the user's cache folder.
   shapes a stage uses first; never beside CUDA-graph captures) and says when each is ready; the
   estimator switches a shape to its compiled forward only after checking it against eager
   (stages.sapiens2.forward).
+- ``leave``: the end of a process while a shape compiles. The interpreter's own exit would end the
+  compile thread inside torch's C++ code (an abort, "terminate called without an active exception"),
+  and a compiler it started would go on writing into the kept cache after the process: the next start
+  would load its half-written output. So the process waits for the compilers it started (seconds: one
+  kernel each), then ends with its own exit code; the shapes compiled so far stay in the cache.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
 import re
+import sys
 import threading
 import time
 import types
+import weakref
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
@@ -43,6 +51,9 @@ _turn = threading.Lock()  # one shape compiles at a time, whichever stage it is 
 # Inductor's C++ toolchain probe logs "No CUDA runtime is found" on every CPU-only machine: not news to a user.
 logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
 _USER_CACHE_DIR = os.environ.get("TORCHINDUCTOR_CACHE_DIR")  # set by the user before we ran: theirs is kept
+_started: weakref.WeakSet[BackgroundCompile] = weakref.WeakSet()  # every one made in this process
+COMPILER_WAIT_S = 120.0  # at exit, the longest wait for the compilers a compile started (one kernel each)
+LIBRARY_WAIT_S = 600.0  # at a library user's exit, the longest wait for the shapes under way
 
 
 def compile_model(model: Sapiens2, mode: str, attention: str = "auto") -> Callable[[tuple[int, ...]], Forward]:
@@ -115,8 +126,10 @@ class BackgroundCompile:
         self._queued: set[tuple[int, ...]] = set()
         self._queue: deque[tuple[int, ...]] = deque()
         self._stop = False
+        self._compiling: tuple[int, ...] | None = None  # the shape being compiled now
         self._changed = threading.Condition()
         self._thread = threading.Thread(target=self._run, name=f"compile-{task}", daemon=True)
+        _started.add(self)
         self._thread.start()
 
     def submit(self, shape: tuple[int, ...], first: bool = False) -> None:
@@ -160,6 +173,10 @@ class BackgroundCompile:
             self._stop = True
             self._changed.notify_all()
 
+    def compiling(self) -> tuple[int, ...] | None:
+        """The input shape being compiled now, if any."""
+        return self._compiling if self._thread.is_alive() else None
+
     def _next(self) -> tuple[int, ...] | None:
         with self._changed:
             while not self._queue and not self._stop:
@@ -169,6 +186,7 @@ class BackgroundCompile:
     def _run(self) -> None:
         stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         while (shape := self._next()) is not None:
+            self._compiling = shape
             try:
                 with _turn, compile_step(), torch.inference_mode(), _on(stream):
                     t0, before = time.perf_counter(), cache_counts()
@@ -185,10 +203,66 @@ class BackgroundCompile:
                 self._compiled[shape] = compiled
                 if self.on_ready is not None:
                     self.on_ready(shape, seconds, hits > 0 and misses == 0)
+            self._compiling = None
             with self._changed:
                 self._changed.notify_all()
             if self.failed is not None:
                 break
+
+
+def leave(code: int) -> None:
+    """Where a process ends with ``code`` (the command line's last step): while a shape compiles, wait for
+    the compilers it started, then end the process here with ``code``; otherwise return."""
+    busy = _busy()
+    if not busy:
+        return
+    log.info("stopped while compiling %s; what compiled before is kept for the next start", ", ".join(busy))
+    deadline, running = time.monotonic() + COMPILER_WAIT_S, compilers_running()
+    with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl-C: end now
+        while running and time.monotonic() < deadline:
+            time.sleep(0.05)
+            running = compilers_running()
+    if running:
+        log.warning("compiler processes %s still running: left to finish on their own", " ".join(map(str, running)))
+    logging.shutdown()  # flushes the handlers, as the interpreter's exit would
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
+@atexit.register
+def _finish_compiles() -> None:
+    """At a library user's exit (the command line leaves through ``leave``): each compile under way
+    finishes its shape first, where the interpreter would otherwise abort inside it."""
+    if busy := _busy():
+        log.info("waiting for the compile of %s to finish before the process exits", ", ".join(busy))
+    deadline = time.monotonic() + LIBRARY_WAIT_S
+    for compiler in list(_started):
+        compiler.close()
+        compiler._thread.join(max(0.0, deadline - time.monotonic()))
+
+
+def _busy() -> list[str]:
+    return [f"{c.task} input {'x'.join(map(str, shape))}" for c in list(_started) if (shape := c.compiling())]
+
+
+def compilers_running(pid: int | None = None) -> list[int]:
+    """The C/C++ compiler processes (Inductor's kernel builds) that are children of ``pid`` (this
+    process), found in /proc: none where there is no /proc."""
+    parent, found = str(pid or os.getpid()), []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            text = stat.read_text()
+            name, fields = text[text.index("(") + 1:text.rindex(")")], text[text.rindex(")") + 2:].split()
+            if fields[1] == parent and fields[0] != "Z" and _is_compiler(name):
+                found.append(int(stat.parent.name))
+    return found
+
+
+def _is_compiler(name: str) -> bool:
+    """Whether a process name (at most 15 characters, as /proc gives it) is a C/C++ compiler driver."""
+    return name in ("cc", "c++", "nvcc") or name.endswith(("gcc", "g++", "clang", "clang++"))
 
 
 def cache_counts(since: tuple[int, int] = (0, 0)) -> tuple[int, int]:
