@@ -173,6 +173,10 @@ class BackgroundCompile:
             self._stop = True
             self._changed.notify_all()
 
+    def join(self, timeout: float) -> None:
+        """Wait, at most ``timeout`` seconds, for the thread to end (after ``close``)."""
+        self._thread.join(timeout)
+
     def compiling(self) -> tuple[int, ...] | None:
         """The input shape being compiled now, if any."""
         return self._compiling if self._thread.is_alive() else None
@@ -240,7 +244,7 @@ def _finish_compiles() -> None:
     deadline = time.monotonic() + LIBRARY_WAIT_S
     for compiler in list(_started):
         compiler.close()
-        compiler._thread.join(max(0.0, deadline - time.monotonic()))
+        compiler.join(max(0.0, deadline - time.monotonic()))
 
 
 def _busy() -> list[str]:
